@@ -1,0 +1,225 @@
+"""Parse spec text into the frozen AST (``attncc.spec.ast``). Lark stays inside this module."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import lark
+from lark import Lark, Token, Transformer, v_args
+
+from attncc.spec import ast
+from attncc.spec.errors import SpecError
+
+# grammars/ sits beside the attncc package (editable install or PYTHONPATH checkout)
+GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammars" / "attn.lark"
+
+
+@cache
+def _parser() -> Lark:
+    return Lark(
+        GRAMMAR_PATH.read_text(),
+        parser="lalr",
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+def _span_of_token(tok: Token) -> ast.Span:
+    return ast.Span(
+        tok.line or 1,
+        tok.column or 1,
+        tok.end_line or tok.line or 1,
+        tok.end_column or (tok.column or 1) + len(tok),
+    )
+
+
+def _span_of_meta(meta: Any) -> ast.Span:
+    return ast.Span(meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def _ident(tok: Token) -> ast.Ident:
+    return ast.Ident(str(tok), _span_of_token(tok))
+
+
+def _join(a: ast.Span, b: ast.Span) -> ast.Span:
+    return ast.Span(a.line, a.column, b.end_line, b.end_column)
+
+
+@v_args(meta=True)
+class _ToAst(Transformer[Token, Any]):
+    def start(self, meta: Any, children: list[Any]) -> tuple[ast.Ident, tuple[ast.Stmt, ...]]:
+        return children[0], tuple(children[1:])
+
+    def attention_stmt(self, meta: Any, children: list[Token]) -> ast.Ident:
+        return _ident(children[0])
+
+    def name_list(self, meta: Any, children: list[Token]) -> tuple[ast.Ident, ...]:
+        return tuple(_ident(t) for t in children)
+
+    def expr_list(self, meta: Any, children: list[ast.Expr]) -> tuple[ast.Expr, ...]:
+        return tuple(children)
+
+    def dims_stmt(self, meta: Any, children: list[Token]) -> ast.DimsStmt:
+        return ast.DimsStmt(tuple(_ident(t) for t in children), _span_of_meta(meta))
+
+    def in_stmt(self, meta: Any, children: list[Any]) -> ast.InputStmt:
+        name, dims, dtype = children
+        return ast.InputStmt(
+            _ident(name), dims, _ident(dtype) if dtype is not None else None, _span_of_meta(meta)
+        )
+
+    def param_stmt(self, meta: Any, children: list[Any]) -> ast.ParamStmt:
+        name, dtype, default = children
+        return ast.ParamStmt(_ident(name), _ident(dtype), default, _span_of_meta(meta))
+
+    def let_stmt(self, meta: Any, children: list[Any]) -> ast.LetStmt:
+        return ast.LetStmt(_ident(children[0]), children[1], _span_of_meta(meta))
+
+    def view_stmt(self, meta: Any, children: list[Any]) -> ast.ViewStmt:
+        return ast.ViewStmt(_ident(children[0]), children[1], children[2], _span_of_meta(meta))
+
+    def assign_stmt(self, meta: Any, children: list[Any]) -> ast.AssignStmt:
+        target, indices, value = children
+        return ast.AssignStmt(_ident(target), indices, value, _span_of_meta(meta))
+
+    def mask_stmt(self, meta: Any, children: list[Any]) -> ast.MaskStmt:
+        return ast.MaskStmt(children[0], _span_of_meta(meta))
+
+    def out_stmt(self, meta: Any, children: list[Token]) -> ast.OutStmt:
+        return ast.OutStmt(_ident(children[0]), _span_of_meta(meta))
+
+    def schedule_stmt(self, meta: Any, children: list[Token]) -> ast.ScheduleStmt:
+        return ast.ScheduleStmt(_ident(children[0]), _span_of_meta(meta))
+
+    # expressions
+    def number(self, meta: Any, children: list[Token]) -> ast.Number:
+        text = str(children[0])
+        value: int | float = float(text) if any(c in text for c in ".eE") else int(text)
+        return ast.Number(value, _span_of_token(children[0]))
+
+    def name(self, meta: Any, children: list[Token]) -> ast.Name:
+        return ast.Name(str(children[0]), _span_of_token(children[0]))
+
+    def access(self, meta: Any, children: list[Any]) -> ast.Access:
+        return ast.Access(_ident(children[0]), children[1], _span_of_meta(meta))
+
+    def call(self, meta: Any, children: list[Any]) -> ast.Call:
+        args = children[1] if children[1] is not None else ()
+        return ast.Call(_ident(children[0]), args, _span_of_meta(meta))
+
+    def neg(self, meta: Any, children: list[Any]) -> ast.Neg:
+        return ast.Neg(children[0], _span_of_meta(meta))
+
+    def binary(self, meta: Any, children: list[Any]) -> ast.Binary:
+        left, op, right = children
+        return ast.Binary(str(op), left, right, _join(_expr_span(left), _expr_span(right)))
+
+    def compare(self, meta: Any, children: list[Any]) -> ast.Compare:
+        left, op, right = children
+        return ast.Compare(str(op), left, right, _join(_expr_span(left), _expr_span(right)))
+
+    def and_op(self, meta: Any, children: list[Any]) -> ast.Logical:
+        return ast.Logical("and", children[0], children[1], _span_of_meta(meta))
+
+    def or_op(self, meta: Any, children: list[Any]) -> ast.Logical:
+        return ast.Logical("or", children[0], children[1], _span_of_meta(meta))
+
+    def not_op(self, meta: Any, children: list[Any]) -> ast.Not:
+        return ast.Not(children[0], _span_of_meta(meta))
+
+
+def _expr_span(expr: ast.Expr) -> ast.Span:
+    return expr.span
+
+
+# Common mistakes, recognised by lark's match_examples and given a named message and hint.
+_EXAMPLES: dict[tuple[str, str], list[str]] = {
+    (
+        "missing ']' in an index list",
+        "close the bracket: q[b, h, m, d]",
+    ): ["attention a\ns[b, h = q[b]\n", "attention a\nin q[B, H\n", "attention a\no[b] = q[b, d\n"],
+    (
+        "a param needs a type",
+        "write `param name: f32 = default`",
+    ): ["attention a\nparam scale = 1\n", "attention a\nparam scale\n"],
+    (
+        "an input needs its dims in brackets",
+        "write `in q[B, H, M, D]` (the order of dims is the memory layout)",
+    ): ["attention a\nin q\n", "attention a\nin q: f32\n"],
+    (
+        "expected an expression",
+        "an expression is a number, a name, t[i, ...], f(x, ...) or an operator between two of them",
+    ): ["attention a\nmask\n", "attention a\nx = \n", "attention a\nx = 1 +\n", "attention a\nmask m >=\n"],
+    (
+        "a spec starts with `attention NAME`",
+        "add a first line such as `attention my_kernel`",
+    ): ["dims B\n", "in q[B]\n", "\n\ndims B\n"],
+}
+
+
+def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, filename: str) -> SpecError:
+    line = getattr(err, "line", None) or 1
+    column = getattr(err, "column", None) or 1
+    if line < 0 or column < 0:  # end of input
+        lines = text.splitlines() or [""]
+        line, column = len(lines), len(lines[-1]) + 1
+    span = ast.Span(line, column, line, column + 1)
+    label = err.match_examples(_parser().parse, _EXAMPLES, use_accepts=True)
+    if label is not None:
+        message, hint = label
+    elif isinstance(err, lark.exceptions.UnexpectedCharacters):
+        message, hint = f"unexpected character {text_at(text, line, column)!r}", None
+    elif isinstance(err, lark.exceptions.UnexpectedToken):
+        tok = err.token
+        shown = "end of line" if tok.type == "_NL" else repr(str(tok))
+        message = f"unexpected {shown}"
+        expected = sorted(_describe(t) for t in err.accepts or err.expected)
+        hint = f"expected {', '.join(expected)}" if expected else None
+    else:
+        message, hint = "unexpected end of spec", None
+    return SpecError(message, span, hint, source=text, filename=filename)
+
+
+def text_at(text: str, line: int, column: int) -> str:
+    lines = text.splitlines()
+    if 0 < line <= len(lines) and 0 < column <= len(lines[line - 1]):
+        return lines[line - 1][column - 1]
+    return ""
+
+
+_TERMINAL_NAMES = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "_NL": "end of line",
+    "COMPARE": "a comparison",
+    "ADD_OP": "'+' or '-'",
+    "MUL_OP": "'*', '/' or '%'",
+}
+
+
+def _describe(terminal: str) -> str:
+    if terminal in _TERMINAL_NAMES:
+        return _TERMINAL_NAMES[terminal]
+    try:
+        pattern = _parser().get_terminal(terminal).pattern
+    except KeyError:
+        return terminal
+    return repr(pattern.value) if pattern.type == "str" else terminal.lower()
+
+
+def parse(text: str, filename: str = "<spec>") -> ast.Spec:
+    """Parse spec text; syntax errors raise ``SpecError`` with position and hint."""
+    source = text if text.endswith("\n") else text + "\n"
+    try:
+        tree = _parser().parse(source)
+    except lark.exceptions.UnexpectedInput as err:
+        raise _syntax_error(err, source, filename) from None
+    name, statements = _ToAst().transform(tree)
+    return ast.Spec(name, statements, source, filename)
+
+
+def parse_file(path: str | Path) -> ast.Spec:
+    path = Path(path)
+    return parse(path.read_text(), str(path))
