@@ -35,7 +35,7 @@ class Number:
 
 @dataclass(frozen=True, slots=True)
 class Name:
-    """A bare name: an index, a let, a dim size, a param, or a defined tensor at the current indices."""
+    """A bare name: an index, let, dim size, param, or defined tensor at the current indices."""
 
     name: str
     span: Span

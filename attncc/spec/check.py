@@ -116,7 +116,11 @@ def walk(expr: ast.Expr) -> Iterator[ast.Expr]:
                 yield from walk(sub)
         case ast.Neg(operand=x) | ast.Not(operand=x):
             yield from walk(x)
-        case ast.Binary(left=a, right=b) | ast.Compare(left=a, right=b) | ast.Logical(left=a, right=b):
+        case (
+            ast.Binary(left=a, right=b)
+            | ast.Compare(left=a, right=b)
+            | ast.Logical(left=a, right=b)
+        ):
             yield from walk(a)
             yield from walk(b)
         case _:
@@ -138,6 +142,12 @@ class _Checker:
         self.outputs: list[ast.OutStmt] = []
         self.schedule: str | None = None
         self.symbol_spans: dict[str, ast.Span] = {}
+        self.symbol_kinds: dict[str, str] = {}
+        # every computed tensor, so that no index takes the name of one defined further down
+        self.targets: dict[str, ast.Span] = {}
+        for stmt in spec.statements:
+            if isinstance(stmt, ast.AssignStmt):
+                self.targets.setdefault(stmt.target.name, stmt.target.span)
 
     def error(self, message: str, span: ast.Span | None, hint: str | None = None) -> SpecError:
         return SpecError(message, span, hint, source=self.spec.source, filename=self.spec.filename)
@@ -157,6 +167,7 @@ class _Checker:
                 f"'{ident.name}' is a built-in function and cannot name a {what}", ident.span
             )
         self.symbol_spans[ident.name] = ident.span
+        self.symbol_kinds[ident.name] = what
 
     def declarations(self) -> None:
         for stmt in self.spec.statements:
@@ -197,10 +208,10 @@ class _Checker:
                 case _:
                     pass
         used = {d.name for info in self.inputs.values() for d in self._input_stmt(info.name).dims}
-        for name, ident in self.dims.items():
-            if name not in used:
+        for dim, ident in self.dims.items():
+            if dim not in used:
                 raise self.error(
-                    f"dim '{name}' is not used by any input, so its size cannot be bound",
+                    f"dim '{dim}' is not used by any input, so its size cannot be bound",
                     ident.span,
                     "use it in an `in` declaration or remove it",
                 )
@@ -273,6 +284,13 @@ class _Checker:
         return name in self.symbol_spans or name in self.defined
 
     def bind(self, index: ast.Name, dim: str, tensor: str) -> None:
+        if index.name in self.targets:
+            target = self.targets[index.name]
+            raise self.error(
+                f"'{index.name}' names a computed tensor and cannot also be an index",
+                index.span,
+                f"'{index.name}' is assigned at line {target.line}; rename the index",
+            )
         bound = self.index_dims.get(index.name)
         if bound is None:
             self.index_dims[index.name] = dim
@@ -370,8 +388,14 @@ class _Checker:
                     result = self.inputs[tensor.name].type
                 elif tensor.name in self.defined:
                     result = "float"
-                elif tensor.name in self.lets or tensor.name in self.params or tensor.name in self.dims:
-                    raise self.error(f"'{tensor.name}' is not a tensor and cannot be indexed", tensor.span)
+                elif (
+                    tensor.name in self.lets
+                    or tensor.name in self.params
+                    or tensor.name in self.dims
+                ):
+                    raise self.error(
+                        f"'{tensor.name}' is not a tensor and cannot be indexed", tensor.span
+                    )
                 else:
                     raise self.error(
                         f"unknown tensor '{tensor.name}'",
@@ -407,7 +431,9 @@ class _Checker:
             case ast.Compare(left=a, right=b):
                 for side in (a, b):
                     if self.type_of(side, current) == "bool":
-                        raise self.error("cannot compare a boolean", side.span, "use `and`/`or`/`not`")
+                        raise self.error(
+                            "cannot compare a boolean", side.span, "use `and`/`or`/`not`"
+                        )
                 return "bool"
             case ast.Logical(op=op, left=a, right=b):
                 for side in (a, b):
@@ -464,8 +490,10 @@ class _Checker:
         """First binding pass: accesses to inputs fix each plain index's dim."""
         for stmt in self.spec.statements:
             match stmt:
-                case ast.AssignStmt(value=value) | ast.MaskStmt(condition=value) | ast.LetStmt(
-                    value=value
+                case (
+                    ast.AssignStmt(value=value)
+                    | ast.MaskStmt(condition=value)
+                    | ast.LetStmt(value=value)
                 ):
                     self.bind_accesses(value, {})
                 case _:
@@ -476,6 +504,7 @@ class _Checker:
         for stmt in self.spec.statements:
             match stmt:
                 case ast.LetStmt(name=name, value=value):
+                    self.let_order(name, value)
                     if self.type_of(value, frozenset(self.index_dims)) != "int":
                         raise self.error(
                             f"let '{name.name}' must be an integer index expression",
@@ -485,6 +514,7 @@ class _Checker:
                 case ast.AssignStmt():
                     self.assignment(stmt, defined_dims)
                 case ast.MaskStmt(condition=cond):
+                    self.reject_nested_softmax(cond)
                     self.bind_accesses(cond, defined_dims)
                     for node in walk(cond):
                         if isinstance(node, ast.Name | ast.Access) and (
@@ -508,11 +538,41 @@ class _Checker:
                 case _:
                     pass
 
+    def let_order(self, name: ast.Ident, value: ast.Expr) -> None:
+        """A let may use lets declared above it only, which rules out cycles."""
+        earlier = list(self.lets)[: list(self.lets).index(name.name)]
+        for node in walk(value):
+            if isinstance(node, ast.Name) and node.name in self.lets and node.name not in earlier:
+                where = (
+                    "itself" if node.name == name.name else f"'{node.name}' before it is defined"
+                )
+                raise self.error(
+                    f"let '{name.name}' uses {where}",
+                    node.span,
+                    "a let may use indices, dims, params and the lets above it",
+                )
+
+    def reject_nested_softmax(self, expr: ast.Expr) -> None:
+        for node in walk(expr):
+            if _is_softmax(node):
+                raise self.error(
+                    "softmax must be the whole right-hand side of an assignment",
+                    node.span,
+                    "write it on its own line: p = softmax(s, n)",
+                )
+
     def assignment(self, stmt: ast.AssignStmt, defined_dims: dict[str, tuple[str, ...]]) -> None:
         target = stmt.target
+        if _is_softmax(stmt.value):
+            assert isinstance(stmt.value, ast.Call)
+            for arg in stmt.value.args:
+                self.reject_nested_softmax(arg)
+        else:
+            self.reject_nested_softmax(stmt.value)
         if target.name in self.symbol_spans:
             raise self.error(
-                f"'{target.name}' is declared as an input, param, dim or let and cannot be assigned",
+                f"'{target.name}' is declared as {_a(self.symbol_kinds[target.name])} "
+                "and cannot be assigned",
                 target.span,
                 "give the computed tensor its own name",
             )
@@ -532,15 +592,19 @@ class _Checker:
                     raise self.error(f"index '{ident.name}' repeated on the left", ident.span)
                 seen.add(ident.name)
                 if self.is_symbol(ident.name) and ident.name not in self.index_dims:
+                    kind = self.symbol_kinds.get(ident.name, "computed tensor")
                     raise self.error(
-                        f"'{ident.name}' is not an index", ident.span, "left-hand indices are names"
+                        f"'{ident.name}' is {_a(kind)}, not an index",
+                        ident.span,
+                        "an index name must not also name a dim, input, param, let or tensor; "
+                        "rename one of them",
                     )
             if target.name in self.defined and self.defined[target.name] != lhs:
                 raise self.error(
-                    f"'{target.name}' was defined with indices [{', '.join(self.defined[target.name])}]",
+                    f"'{target.name}' was defined with indices "
+                    f"[{', '.join(self.defined[target.name])}]",
                     stmt.span,
-                    "a redefinition keeps the indices; write it bare: "
-                    f"{target.name} = ...",
+                    f"a redefinition keeps the indices; write it bare: {target.name} = ...",
                 )
         if _is_softmax(stmt.value):
             self.softmax(stmt, lhs, defined_dims)
@@ -653,6 +717,10 @@ class _Checker:
             output_indices=self.defined[out.name.name],
             schedule=self.schedule,
         )
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
 
 
 def _is_softmax(expr: ast.Expr) -> bool:

@@ -40,7 +40,9 @@ class SpecError(Exception):
                         width = max(1, self.span.end_column - self.span.column)
                     else:
                         width = max(1, len(line) - self.span.column + 1)
-                    text += f"\n    {line}\n    {' ' * (self.span.column - 1)}^{'~' * (width - 1)}"
+                    # keep tabs so the caret lines up under the same column as the text
+                    pad = "".join(c if c == "\t" else " " for c in line[: self.span.column - 1])
+                    text += f"\n    {line}\n    {pad}^{'~' * (width - 1)}"
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text

@@ -26,6 +26,9 @@ def _parser() -> Lark:
     )
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _span_of_token(tok: Token) -> ast.Span:
     return ast.Span(
         tok.line or 1,
@@ -39,8 +42,21 @@ def _span_of_meta(meta: Any) -> ast.Span:
     return ast.Span(meta.line, meta.column, meta.end_line, meta.end_column)
 
 
+# Words of the grammar. lark's contextual lexer reads one as a NAME where no keyword fits
+# (`k[b, and, n, d]`, `let not = 1`), so they are refused as names here.
+_STATEMENT_WORDS = ("attention", "dims", "in", "param", "let", "view", "mask", "out", "schedule")
+KEYWORDS = frozenset((*_STATEMENT_WORDS, "and", "or", "not"))
+
+
 def _ident(tok: Token) -> ast.Ident:
-    return ast.Ident(str(tok), _span_of_token(tok))
+    span = _span_of_token(tok)
+    if str(tok) in KEYWORDS:
+        raise SpecError(
+            f"'{tok}' is a keyword and cannot be used as a name",
+            span,
+            f"rename it, e.g. {tok}_",
+        )
+    return ast.Ident(str(tok), span)
 
 
 def _join(a: ast.Span, b: ast.Span) -> ast.Span:
@@ -96,11 +112,21 @@ class _ToAst(Transformer[Token, Any]):
     # expressions
     def number(self, meta: Any, children: list[Token]) -> ast.Number:
         text = str(children[0])
-        value: int | float = float(text) if any(c in text for c in ".eE") else int(text)
-        return ast.Number(value, _span_of_token(children[0]))
+        span = _span_of_token(children[0])
+        if any(c in text for c in ".eE"):
+            return ast.Number(float(text), span)
+        digits = text.lstrip("0")
+        if len(digits) > 19 or int(text) > _INT64_MAX:
+            raise SpecError(
+                "integer literal does not fit in 64 bits",
+                span,
+                f"write it as a float ({digits[0]}e{len(digits) - 1}) if a float is meant",
+            )
+        return ast.Number(int(text), span)
 
     def name(self, meta: Any, children: list[Token]) -> ast.Name:
-        return ast.Name(str(children[0]), _span_of_token(children[0]))
+        ident = _ident(children[0])
+        return ast.Name(ident.name, ident.span)
 
     def access(self, meta: Any, children: list[Any]) -> ast.Access:
         return ast.Access(_ident(children[0]), children[1], _span_of_meta(meta))
@@ -134,29 +160,105 @@ def _expr_span(expr: ast.Expr) -> ast.Span:
     return expr.span
 
 
-# Common mistakes, recognised by lark's match_examples and given a named message and hint.
-_EXAMPLES: dict[tuple[str, str], list[str]] = {
+# Common mistakes, each given a named message and hint. A syntax error matches a label when
+# one of its examples fails with the same set of acceptable terminals and the same kind of
+# unexpected token. (lark's own ``match_examples`` also compares the depth of the parser stack,
+# so a mistake in the third statement never matched an example written as the first one, and
+# in lark 1.3 it can crash formatting a debug message; we match on the public ``accepts``.)
+_EXAMPLES: list[tuple[str, str, list[str]]] = [
     (
         "missing ']' in an index list",
         "close the bracket: q[b, h, m, d]",
-    ): ["attention a\ns[b, h = q[b]\n", "attention a\nin q[B, H\n", "attention a\no[b] = q[b, d\n"],
+        [
+            "attention a\ns[b, h = q[b]\n",
+            "attention a\nin q[B, H\n",
+            "attention a\no[b] = q[b, d\n",
+            "attention a\no[b] = q[b, d + 1\n",
+            "attention a\no[b] = q[b] * k[b\n",
+        ],
+    ),
+    (
+        "missing ')'",
+        "close the parenthesis",
+        ["attention a\nx = (b\n", "attention a\nx = f(b, d\n", "attention a\nx = (b + 1\n"],
+    ),
     (
         "a param needs a type",
         "write `param name: f32 = default`",
-    ): ["attention a\nparam scale = 1\n", "attention a\nparam scale\n"],
+        ["attention a\nparam scale = 1\n", "attention a\nparam scale\n"],
+    ),
     (
         "an input needs its dims in brackets",
         "write `in q[B, H, M, D]` (the order of dims is the memory layout)",
-    ): ["attention a\nin q\n", "attention a\nin q: f32\n"],
+        ["attention a\nin q\n", "attention a\nin q: f32\n"],
+    ),
     (
         "expected an expression",
-        "an expression is a number, a name, t[i, ...], f(x, ...) or an operator between two of them",
-    ): ["attention a\nmask\n", "attention a\nx = \n", "attention a\nx = 1 +\n", "attention a\nmask m >=\n"],
-    (
-        "a spec starts with `attention NAME`",
-        "add a first line such as `attention my_kernel`",
-    ): ["dims B\n", "in q[B]\n", "\n\ndims B\n"],
+        "an expression is a number, a name, t[i, ...], f(x, ...) or an operator between two",
+        [
+            "attention a\nmask\n",
+            "attention a\nx = \n",
+            "attention a\nx = 1 +\n",
+            "attention a\nmask m >=\n",
+            "attention a\nx = q[\n",
+            "attention a\nx = f(1, )\n",
+            "attention a\nx = q[b, ]\n",
+            "attention a\nx = 1 * * 2\n",
+            "attention a\nx = 1 + * 2\n",
+            "attention a\nmask m >= )\n",
+            "attention a\nmask not )\n",
+        ],
+    ),
+]
+
+_HEADER_ERROR = (
+    "a spec starts with `attention NAME`",
+    "add a first line such as `attention my_kernel`",
+)
+
+# Characters people reach for that the language spells differently.
+_CHARACTER_HINTS = {
+    "≥": "write >=",
+    "≤": "write <=",
+    "≠": "write !=",
+    "−": "write an ASCII '-'",
+    "×": "write *",
+    "·": "write *",
+    "&": "write `and`",
+    "|": "write `or`",
+    "!": "write `not` (or != for inequality)",
+    "^": "there is no power operator: multiply, or use exp and log",
+    ";": "write one statement per line",
 }
+
+# Deeper expressions than this would exhaust Python's recursion limit in later stages.
+MAX_EXPRESSION_DEPTH = 200
+
+
+def _signature(err: lark.exceptions.UnexpectedToken) -> tuple[frozenset[str], str]:
+    return frozenset(err.accepts or err.expected), err.token.type
+
+
+@cache
+def _example_labels() -> dict[tuple[frozenset[str], str], tuple[str, str]]:
+    labels: dict[tuple[frozenset[str], str], tuple[str, str]] = {}
+    for message, hint, examples in _EXAMPLES:
+        for example in examples:
+            try:
+                _parser().parse(example)
+            except lark.exceptions.UnexpectedToken as err:
+                labels.setdefault(_signature(err), (message, hint))
+            else:
+                raise AssertionError(f"syntax error example parses: {example!r}")
+    return labels
+
+
+def _end_of_code(text: str, line: int) -> int:
+    """Column just past the last character of ``line`` that is not a comment or blank."""
+    lines = text.splitlines()
+    if not 0 < line <= len(lines):
+        return 1
+    return len(lines[line - 1].split("#", 1)[0].rstrip()) + 1
 
 
 def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, filename: str) -> SpecError:
@@ -165,20 +267,29 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, filename: str
     if line < 0 or column < 0:  # end of input
         lines = text.splitlines() or [""]
         line, column = len(lines), len(lines[-1]) + 1
-    span = ast.Span(line, column, line, column + 1)
-    label = err.match_examples(_parser().parse, _EXAMPLES, use_accepts=True)
-    if label is not None:
-        message, hint = label
-    elif isinstance(err, lark.exceptions.UnexpectedCharacters):
-        message, hint = f"unexpected character {text_at(text, line, column)!r}", None
+    hint: str | None
+    if isinstance(err, lark.exceptions.UnexpectedCharacters):
+        char = text_at(text, line, column)
+        message, hint = f"unexpected character {char!r}", _CHARACTER_HINTS.get(char)
     elif isinstance(err, lark.exceptions.UnexpectedToken):
         tok = err.token
-        shown = "end of line" if tok.type == "_NL" else repr(str(tok))
-        message = f"unexpected {shown}"
-        expected = sorted(_describe(t) for t in err.accepts or err.expected)
-        hint = f"expected {', '.join(expected)}" if expected else None
+        if tok.type in ("_NL", "$END"):
+            # point just past the code, not past a trailing comment
+            column = _end_of_code(text, line)
+        accepts = err.accepts or err.expected
+        label = _example_labels().get(_signature(err))
+        if "ATTENTION" in accepts:
+            message, hint = _HEADER_ERROR
+        elif label is not None:
+            message, hint = label
+        else:
+            shown = "end of line" if tok.type in ("_NL", "$END") else repr(str(tok))
+            message = f"unexpected {shown}"
+            expected = sorted(_describe(t) for t in accepts)
+            hint = f"expected {', '.join(expected)}" if expected else None
     else:
         message, hint = "unexpected end of spec", None
+    span = ast.Span(line, column, line, column + 1)
     return SpecError(message, span, hint, source=text, filename=filename)
 
 
@@ -209,6 +320,25 @@ def _describe(terminal: str) -> str:
     return repr(pattern.value) if pattern.type == "str" else terminal.lower()
 
 
+def _check_depth(tree: lark.Tree[Token], text: str, filename: str) -> None:
+    """Reject expressions nested past ``MAX_EXPRESSION_DEPTH`` before recursive passes see them."""
+    for stmt in tree.children:
+        if not isinstance(stmt, lark.Tree):
+            continue
+        stack: list[tuple[lark.Tree[Token], int]] = [(stmt, 0)]
+        while stack:
+            node, depth = stack.pop()
+            if depth > MAX_EXPRESSION_DEPTH:
+                raise SpecError(
+                    f"expression nested more than {MAX_EXPRESSION_DEPTH} levels deep",
+                    _span_of_meta(stmt.meta),
+                    "split it into several assignments",
+                    source=text,
+                    filename=filename,
+                )
+            stack.extend((c, depth + 1) for c in node.children if isinstance(c, lark.Tree))
+
+
 def parse(text: str, filename: str = "<spec>") -> ast.Spec:
     """Parse spec text; syntax errors raise ``SpecError`` with position and hint."""
     source = text if text.endswith("\n") else text + "\n"
@@ -216,7 +346,13 @@ def parse(text: str, filename: str = "<spec>") -> ast.Spec:
         tree = _parser().parse(source)
     except lark.exceptions.UnexpectedInput as err:
         raise _syntax_error(err, source, filename) from None
-    name, statements = _ToAst().transform(tree)
+    _check_depth(tree, source, filename)
+    try:
+        name, statements = _ToAst().transform(tree)
+    except lark.exceptions.VisitError as err:
+        if isinstance(err.orig_exc, SpecError):
+            raise err.orig_exc.with_source(source, filename) from None
+        raise
     return ast.Spec(name, statements, source, filename)
 
 

@@ -1,0 +1,164 @@
+"""Render IR expressions as Triton device code or as host Python.
+
+Every user name reaches generated code with a prefix (``i_`` index, ``d_`` dim, ``p_`` param,
+``t_`` tensor pointer, ``s_`` stride), so no spec name can collide with a template local or a
+Python keyword. Names were already checked against the grammar's NAME pattern; ``safe_name``
+re-checks before anything is rendered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from attncc.ir import nodes as ir
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
+
+
+def safe_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(f"refusing to render {name!r}: not a spec identifier")
+    return name
+
+
+def index_var(name: str) -> str:
+    return f"i_{safe_name(name)}"
+
+
+def dim_var(name: str) -> str:
+    return f"d_{safe_name(name)}"
+
+
+def param_var(name: str) -> str:
+    return f"p_{safe_name(name)}"
+
+
+def tensor_var(name: str) -> str:
+    return f"t_{safe_name(name)}"
+
+
+def stride_var(name: str, axis: int) -> str:
+    return f"s_{safe_name(name)}_{axis}"
+
+
+_TRITON_FUNCS = {
+    "exp": "tl.exp",
+    "log": "tl.log",
+    "sqrt": "tl.sqrt",
+    "tanh": "_tanh",
+    "abs": "tl.abs",
+    "min": "tl.minimum",
+    "max": "tl.maximum",
+    "where": "tl.where",
+}
+
+_HOST_FUNCS = {
+    "exp": "math.exp",
+    "log": "math.log",
+    "sqrt": "math.sqrt",
+    "tanh": "math.tanh",
+    "abs": "abs",
+    "min": "min",
+    "max": "max",
+    "where": "_where",
+}
+
+
+@dataclass(frozen=True)
+class TritonEnv:
+    """How names read inside a kernel: index variables may be scalars or tile vectors.
+
+    ``vector_indices`` are indices that vary within a tile (query rows, key columns): loads
+    through them are bounds-masked, since padded rows and columns run past the tensor.
+    """
+
+    indices: Mapping[str, str]
+    tensors: Mapping[str, ir.TensorArg]
+    vector_indices: frozenset[str] = frozenset()
+    score: str = "s"
+
+
+def triton_expr(expr: ir.Expr, env: TritonEnv) -> str:
+    match expr:
+        case ir.Const(value=value, type=t):
+            if isinstance(value, bool):
+                return "True" if value else "False"
+            return repr(float(value)) if t == "float" else repr(int(value))
+        case ir.Index(name=name):
+            return env.indices[name]
+        case ir.Dim(name=name):
+            return dim_var(name)
+        case ir.Param(name=name):
+            return param_var(name)
+        case ir.Score():
+            return env.score
+        case ir.Load(tensor=name, indices=subs):
+            arg = env.tensors[name]
+            offset = " + ".join(
+                f"({triton_expr(sub, env)}) * {stride_var(name, axis)}"
+                for axis, sub in enumerate(subs)
+            )
+            bounds = [
+                f"({triton_expr(sub, env)} >= 0) & ({triton_expr(sub, env)} < {dim_var(dim)})"
+                for sub, dim in zip(subs, arg.dims, strict=True)
+                if _needs_bounds(sub, env)
+            ]
+            value = f"tl.load({tensor_var(name)} + {offset}"
+            value += f", mask={' & '.join(bounds)}, other=0)" if bounds else ")"
+            return value if expr.type != "float" else f"{value}.to(tl.float32)"
+        case ir.Unary(op="neg", operand=x):
+            return f"(-{triton_expr(x, env)})"
+        case ir.Unary(op="not", operand=x):
+            return f"(~({triton_expr(x, env)}))"
+        case ir.BinOp(op=op, left=a, right=b):
+            left, right = triton_expr(a, env), triton_expr(b, env)
+            if op == "and":
+                return f"(({left}) & ({right}))"
+            if op == "or":
+                return f"(({left}) | ({right}))"
+            if op == "/" and expr.type == "int":
+                return f"({left} // {right})"  # Triton's integer // truncates toward zero
+            return f"({left} {op} {right})"
+        case ir.Call(func=func, args=args):
+            return f"{_TRITON_FUNCS[func]}({', '.join(triton_expr(a, env) for a in args)})"
+    raise AssertionError(expr)
+
+
+def _needs_bounds(sub: ir.Expr, env: TritonEnv) -> bool:
+    """Plain batch indices are in range by construction; anything else is checked."""
+    from attncc.ir.verify import indices_of
+
+    if isinstance(sub, ir.Index) and sub.name not in env.vector_indices:
+        return False
+    return bool(indices_of(sub) & env.vector_indices) or not isinstance(sub, ir.Index)
+
+
+def host_expr(expr: ir.Expr, dims: str = "dims", params: str = "params") -> str:
+    """Host Python for a param default or a subscript check: ``dims``/``params`` are dicts."""
+    match expr:
+        case ir.Const(value=value, type=t):
+            return repr(float(value)) if t == "float" else repr(value)
+        case ir.Dim(name=name):
+            return f"{dims}[{safe_name(name)!r}]"
+        case ir.Param(name=name):
+            return f"{params}[{safe_name(name)!r}]"
+        case ir.Index(name=name):
+            return index_var(name)
+        case ir.Unary(op="neg", operand=x):
+            return f"(-{host_expr(x, dims, params)})"
+        case ir.Unary(op="not", operand=x):
+            return f"(not {host_expr(x, dims, params)})"
+        case ir.BinOp(op=op, left=a, right=b):
+            left, right = host_expr(a, dims, params), host_expr(b, dims, params)
+            if op == "/" and expr.type == "int":
+                return f"_idiv({left}, {right})"
+            if op == "%" and expr.type == "int":
+                return f"_imod({left}, {right})"
+            return f"({left} {op} {right})"
+        case ir.Call(func=func, args=args):
+            return f"{_HOST_FUNCS[func]}({', '.join(host_expr(a, dims, params) for a in args)})"
+        case ir.Score() | ir.Load():
+            raise ValueError("host expressions cannot read scores or tensors")
+    raise AssertionError(expr)

@@ -1,0 +1,325 @@
+"""Triton backend: lower an optimised ``AttentionKernel`` to a render context, then render.
+
+All decisions (names, offsets, bounds, score lines) are made here, once; the templates in
+``templates/triton`` only place the prepared strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from attncc import __version__
+from attncc.codegen import exprs as cx
+from attncc.ir import nodes as ir
+from attncc.ir.printer import expr_str
+from attncc.ir.verify import indices_of
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "triton"
+LOG2E = 1.4426950408889634
+
+
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+@dataclass(frozen=True)
+class Rendered:
+    source: str
+    entry: str
+    template: str
+
+
+def _and(parts: list[str]) -> str | None:
+    if not parts:
+        return None
+    return " & ".join(f"({p})" for p in parts)
+
+
+def _nested(func: str, parts: list[str], default: str) -> str:
+    if not parts:
+        return default
+    result = parts[0]
+    for part in parts[1:]:
+        result = f"{func}({result}, {part})"
+    return result
+
+
+class _Context:
+    def __init__(self, kernel: ir.AttentionKernel, source_text: str) -> None:
+        self.k = kernel
+        self.source_text = source_text
+        self.tensors = {t.name: t for t in kernel.tensors}
+        self.query = kernel.query_axis.index if kernel.query_axis else None
+        self.key = kernel.key_axis.index
+
+    def env(self, query_var: str | None = None, vector: bool = True) -> cx.TritonEnv:
+        indices = {a.index: cx.index_var(a.index) for a in self.k.batch_axes}
+        indices[self.key] = cx.index_var(self.key)
+        if self.query:
+            indices[self.query] = query_var or cx.index_var(self.query)
+        vector_indices = {self.key} | ({self.query} if self.query and vector else set())
+        return cx.TritonEnv(indices, self.tensors, frozenset(vector_indices))
+
+    def operand(self, operand: ir.Operand, row: str | None, col: str) -> dict[str, str]:
+        """Scalar base offset plus the strides along the row and the column index."""
+        base: list[str] = []
+        row_stride, col_stride = "0", "0"
+        env = self.env()
+        for axis, sub in enumerate(operand.indices):
+            stride = cx.stride_var(operand.tensor, axis)
+            if isinstance(sub, ir.Index) and sub.name == row:
+                row_stride = stride
+            elif isinstance(sub, ir.Index) and sub.name == col:
+                col_stride = stride
+            else:
+                base.append(f"({cx.triton_expr(sub, env)}) * {stride}")
+        return {"base": " + ".join(base) or "0", "row": row_stride, "col": col_stride}
+
+    def output(self) -> tuple[dict[str, str], dict[str, str]]:
+        out = self.k.output
+        base, row, col = [], "0", "0"
+        for axis, index in enumerate(out.indices):
+            stride = cx.stride_var(out.name, axis)
+            if index == self.query:
+                row = stride
+            elif index == self.k.value_axis.index:
+                col = stride
+            else:
+                base.append(f"{cx.index_var(index)} * {stride}")
+        lse_base = [
+            f"{cx.index_var(a.index)} * lse_stride_{i}" for i, a in enumerate(self.k.batch_axes)
+        ]
+        lse_row = f"lse_stride_{len(self.k.batch_axes)}" if self.query else "0"
+        return (
+            {"base": " + ".join(base) or "0", "row": row, "col": col},
+            {"base": " + ".join(lse_base) or "0", "row": lse_row},
+        )
+
+    def bounds(self) -> dict[str, str]:
+        plan = self.k.mask_plan
+        assert plan is not None
+
+        def at(bound: ir.KeyBound, extreme: str) -> str:
+            # extreme: which row gives the smallest ("min") or largest ("max") value
+            first_is_min = bound.slope >= 0
+            row = "m_first" if (extreme == "min") == first_is_min else "m_last"
+            return cx.triton_expr(bound.expr, self.env(row, vector=False))
+
+        key_size = cx.dim_var(self.k.key_axis.dim)
+
+        def clamp(parts: list[str], func: str, limit: str) -> str:
+            # keys lie in [0, N): bounds from the masks are clamped into that range
+            return _nested(func, [*parts, limit], limit) if parts else limit
+
+        return {
+            "lo": clamp([at(b, "min") for b in plan.lower], "tl.maximum", "0"),
+            "hi": clamp([at(b, "max") for b in plan.upper], "tl.minimum", key_size),
+            "full_lo": clamp([at(b, "max") for b in plan.lower], "tl.maximum", "0"),
+            "full_hi": clamp([at(b, "min") for b in plan.upper], "tl.minimum", key_size),
+        }
+
+    def score_lines(self) -> tuple[list[str], list[str]]:
+        env = self.env()
+        scale = cx.triton_expr(self.k.score_scale, env)
+        if not self.k.score_mods:
+            # log2(e) folds into the scale: one multiply per score
+            return [f"qk_scale = ({scale}) * {LOG2E!r}"], ["s2 = qk * qk_scale"]
+        lines = ["s = qk * qk_scale"]
+        lines += [f"s = {cx.triton_expr(mod, env)}" for mod in self.k.score_mods]
+        lines.append(f"s2 = s * {LOG2E!r}")
+        return [f"qk_scale = {scale}"], lines
+
+    def kernel_params(self) -> tuple[list[str], list[str]]:
+        names: list[str] = []
+        host: list[str] = []
+        for t in self.k.tensors:
+            names.append(cx.tensor_var(t.name))
+            host.append(f"tensors[{t.name!r}]")
+            for axis in range(len(t.dims)):
+                names.append(cx.stride_var(t.name, axis))
+                host.append(f"tensors[{t.name!r}].stride({axis})")
+        out = self.k.output
+        names.append(cx.tensor_var(out.name))
+        host.append("out")
+        for axis in range(len(out.indices)):
+            names.append(cx.stride_var(out.name, axis))
+            host.append(f"out.stride({axis})")
+        names.append("lse_ptr")
+        host.append("lse")
+        rank = len(self.k.batch_axes) + (1 if self.query else 0)
+        for axis in range(rank):
+            names.append(f"lse_stride_{axis}")
+            host.append(f"lse.stride({axis})")
+        for dim in self.k.dims:
+            names.append(cx.dim_var(dim))
+            host.append(f"sizes[{dim!r}]")
+        for p in self.k.params:
+            names.append(cx.param_var(p.name))
+            cast = "float" if p.type == "float" else "int"
+            host.append(f"{cast}(params[{p.name!r}])")
+        return names, host
+
+    def batch_lines(self) -> list[str]:
+        axes = self.k.batch_axes
+        if not axes:
+            return []
+        lines = ["rest = pid_batch"]
+        for axis in reversed(axes[1:]):
+            var, size = cx.index_var(axis.index), cx.dim_var(axis.dim)
+            lines += [f"{var} = rest % {size}", f"rest = rest // {size}"]
+        lines.append(f"{cx.index_var(axes[0].index)} = rest")
+        return lines
+
+    def subscript_checks(self) -> list[dict[str, Any]]:
+        checks = []
+        for operand in (self.k.query, self.k.key, self.k.value):
+            dims = self.tensors[operand.tensor].dims
+            for sub, dim in zip(operand.indices, dims, strict=True):
+                if isinstance(sub, ir.Index):
+                    continue
+                axes = [a for a in self.k.batch_axes if a.index in indices_of(sub)]
+                checks.append(
+                    {
+                        "tensor": operand.tensor,
+                        "text": expr_str(sub),
+                        "value": cx.host_expr(sub),
+                        "indices": [
+                            {"var": cx.index_var(a.index), "dim": a.dim} for a in axes
+                        ],
+                        "dim": dim,
+                    }
+                )
+        return checks
+
+    def host_tables(self) -> dict[str, Any]:
+        inputs = [
+            {
+                "name": t.name,
+                "dims": list(t.dims),
+                "kind": "float"
+                if t.dtype in ("float", "f16", "bf16", "f32", "f64")
+                else ("bool" if t.dtype == "bool" else "int"),
+                "dtype": t.dtype,
+            }
+            for t in self.k.tensors
+        ]
+        params = [
+            {
+                "name": p.name,
+                "kind": p.type,
+                "default": cx.host_expr(p.default, "dims", "params")
+                if p.default is not None
+                else None,
+            }
+            for p in self.k.params
+        ]
+        group = (
+            {"head_dim": self.k.group.head.dim, "kv_dim": self.k.group.kv_dim}
+            if self.k.group
+            else None
+        )
+        return {
+            "inputs": inputs,
+            "params": params,
+            "dims": list(self.k.dims),
+            "subscript_checks": self.subscript_checks(),
+            "group": group,
+        }
+
+    def doc(self) -> str:
+        ins = ", ".join(f"{t.name}[{', '.join(t.dims)}]" for t in self.k.tensors)
+        params = ", ".join(p.name for p in self.k.params)
+        out = self.k.output
+        return (
+            f"attncc kernel '{self.k.name}': inputs {ins} (by position or name); "
+            f"params {params or '(none)'} by name; returns {out.name}[{', '.join(out.dims)}] "
+            "(and the log-sum-exp with return_lse=True)."
+        )
+
+    def header(self) -> list[str]:
+        lines = [
+            f"Generated by attncc {__version__} from spec '{self.k.name}' "
+            f"(schedule {self.k.schedule}). Do not edit: edit the spec and recompile.",
+            "",
+            "Spec:",
+        ]
+        lines += [f"    {line}" for line in self.source_text.rstrip().splitlines()]
+        return lines
+
+    def fused(self) -> dict[str, Any]:
+        k = self.k
+        assert k.tiling is not None and k.mask_plan is not None
+        prologue, score_lines = self.score_lines()
+        kernel_params, launch_args = self.kernel_params()
+        o, lse = self.output()
+        env = self.env()
+        plan = k.mask_plan
+        masks = [cx.triton_expr(m, env) for m in k.masks]
+        residual = [cx.triton_expr(m, env) for m in plan.residual]
+        query = k.query_axis
+        batch_programs = " * ".join(f"sizes[{a.dim!r}]" for a in k.batch_axes) or "1"
+        return {
+            "header": self.header(),
+            "name": cx.safe_name(k.name),
+            "doc": self.doc(),
+            "kernel_fn": f"_attncc_{cx.safe_name(k.name)}_fwd",
+            "kernel_params": kernel_params,
+            "launch_args": launch_args,
+            "batch_lines": self.batch_lines(),
+            "rows": cx.dim_var(query.dim) if query else "1",
+            "rows_host": f"sizes[{query.dim!r}]" if query else "1",
+            "batch_programs": batch_programs,
+            "host_key_size": f"sizes[{k.key_axis.dim!r}]",
+            "query_var": cx.index_var(query.index) if query else None,
+            "key_var": cx.index_var(k.key_axis.index),
+            "key_dim": cx.safe_name(k.key_axis.dim),
+            "q_name": k.query.tensor,
+            "k_name": k.key.tensor,
+            "v_name": k.value.tensor,
+            "o_name": k.output.name,
+            "q": self.operand(k.query, self.query, k.head_axis.index),
+            "k": self.operand(k.key, self.key, k.head_axis.index),
+            "v": self.operand(k.value, self.key, k.value_axis.index),
+            "o": o,
+            "lse": lse,
+            "prologue_lines": prologue,
+            "score_lines": score_lines,
+            "bounds": self.bounds(),
+            "mask_all": _and(masks) or "True",
+            "residual_mask": _and(residual),
+            "output": {
+                "dims": list(k.output.dims),
+                "lse_dims": [a.dim for a in k.batch_axes] + ([query.dim] if query else []),
+            },
+            "head_dim": k.head_axis.dim,
+            "value_dim": k.value_axis.dim,
+            "tiling": {
+                "block_m": k.tiling.block_m,
+                "block_n": k.tiling.block_n,
+                "num_warps": k.tiling.num_warps,
+                "num_stages": k.tiling.num_stages,
+            },
+            **self.host_tables(),
+        }
+
+
+def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:
+    """Generated module source for ``kernel``; its entry point is named like the spec."""
+    context = _Context(kernel, source_text)
+    template = {"fused": "fused.py.jinja", "naive": "naive.py.jinja"}.get(
+        kernel.schedule or "fused", "fused.py.jinja"
+    )
+    values = context.fused()
+    source = environment().get_template(template).render(**values)
+    return Rendered(source, values["name"], template)

@@ -1,0 +1,347 @@
+"""Recognise attention in a checked spec and lower it to an ``AttentionKernel``.
+
+The pattern: scores ``s[..] = q[..] * k[..] * <scalars>`` contracting one head index,
+elementwise modifications ``s = f(s, ...)``, masks, ``p = softmax(s, n)``, and the output
+``o[..] = p[..] * v[..]`` contracting n. Anything else is a ``SpecError`` saying which part
+of the pattern is missing.
+"""
+
+from __future__ import annotations
+
+from attncc.ir import nodes as ir
+from attncc.spec import ast
+from attncc.spec.check import CheckedSpec, Definition, Softmax, dtype_type, walk
+from attncc.spec.errors import SpecError
+
+
+class _Lowering:
+    def __init__(self, checked: CheckedSpec) -> None:
+        self.c = checked
+        self.spec = checked.spec
+
+    def error(self, message: str, span: ast.Span | None, hint: str | None = None) -> SpecError:
+        return SpecError(message, span, hint, source=self.spec.source, filename=self.spec.filename)
+
+    # ------------------------------------------------------------------ expressions
+
+    def expr(self, node: ast.Expr, score: str | None = None) -> ir.Expr:
+        """Lower an expression; a bare or indexed ``score`` reads the current score."""
+        match node:
+            case ast.Number(value=value):
+                return ir.Const(value, "int" if isinstance(value, int) else "float")
+            case ast.Name(name=name, span=span):
+                if name == score:
+                    return ir.Score()
+                if name in self.c.params:
+                    return ir.Param(name, dtype_type(self.c.params[name].dtype))
+                if name in self.c.dims:
+                    return ir.Dim(name)
+                if name in self.c.lets:
+                    return self.expr(self.c.lets[name], score)
+                if name in self.c.index_dims:
+                    return ir.Index(name)
+                raise self.error(
+                    f"'{name}' cannot be used here",
+                    span,
+                    "score modifications read the scores only",
+                )
+            case ast.Access(tensor=tensor, indices=indices, span=span):
+                if tensor.name == score:
+                    return ir.Score()
+                if tensor.name not in self.c.inputs:
+                    raise self.error(
+                        f"'{tensor.name}' cannot be read here",
+                        span,
+                        "score modifications read the scores and input tensors only",
+                    )
+                info = self.c.inputs[tensor.name]
+                return ir.Load(tensor.name, tuple(self.expr(i, score) for i in indices), info.type)
+            case ast.Call(func=func, args=args):
+                lowered = tuple(self.expr(a, score) for a in args)
+                return ir.Call(func.name, lowered, _call_type(func.name, lowered))
+            case ast.Neg(operand=x):
+                inner = self.expr(x, score)
+                return ir.Unary("neg", inner, inner.type)
+            case ast.Not(operand=x):
+                return ir.Unary("not", self.expr(x, score), "bool")
+            case ast.Binary(op=op, left=a, right=b):
+                la, lb = self.expr(a, score), self.expr(b, score)
+                t: ir.Type = "int" if la.type == lb.type == "int" else "float"
+                return ir.BinOp(op, la, lb, t)
+            case ast.Compare(op=op, left=a, right=b):
+                return ir.BinOp(op, self.expr(a, score), self.expr(b, score), "bool")
+            case ast.Logical(op=op, left=a, right=b):
+                return ir.BinOp(op, self.expr(a, score), self.expr(b, score), "bool")
+        raise AssertionError(node)
+
+    # ------------------------------------------------------------------ pattern
+
+    def lower(self) -> ir.AttentionKernel:
+        c = self.c
+        softmaxes = [s for s in c.steps if isinstance(s, Softmax)]
+        if len(softmaxes) != 1:
+            span = softmaxes[1].stmt.span if softmaxes else self.spec.name.span
+            raise self.error(
+                f"not attention: expected exactly one softmax, found {len(softmaxes)}",
+                span,
+                "attention is scores, softmax(scores, key index), then a contraction with values",
+            )
+        softmax = softmaxes[0]
+        score_defs = [
+            s for s in c.steps if isinstance(s, Definition) and s.target == softmax.source
+        ]
+        contraction, mods = score_defs[0], score_defs[1:]
+        query_op, key_op, scale = self.scores(contraction, softmax)
+        key_index = softmax.axis
+        (head_index,) = contraction.summed
+        # The query axis is the score index the key does not depend on, even through a let
+        # (h reaches k through g = h / (H / KVH), so h is a batch axis, not a query axis).
+        key_reads = self.indices_read(key_op)
+        query_axis_name = next(
+            (i for i in _plain(query_op) if i in softmax.indices and i not in key_reads), None
+        )
+        batch = [i for i in softmax.indices if i not in (key_index, query_axis_name)]
+        value_def = self.value_contraction(softmax)
+        value_access = next(
+            f
+            for f in _factors(value_def.value)
+            if isinstance(f, ast.Access) and f.tensor.name != softmax.target
+        )
+        assert isinstance(value_access, ast.Access)
+        value_indices = [
+            sub.name
+            for sub in value_access.indices
+            if isinstance(sub, ast.Name) and sub.name in c.index_dims
+        ]
+        value_index = next(
+            (i for i in value_indices if i not in (key_index, *batch) and i in value_def.indices),
+            None,
+        )
+        if value_index is None:
+            raise self.error(
+                "the value tensor needs a head-dim index that the output keeps",
+                value_access.span,
+                "o[b, h, m, d] = p[b, h, m, n] * v[b, h, n, d]",
+            )
+        expected_out = {*batch, value_index} | ({query_axis_name} if query_axis_name else set())
+        if set(value_def.indices) != expected_out:
+            raise self.error(
+                f"the output must range over [{', '.join(sorted(expected_out))}]",
+                value_def.stmt.span,
+                "keep batch, head, query and value head-dim indices on the output",
+            )
+        for operand, role, required in (
+            (query_op, "query", [head_index] + ([query_axis_name] if query_axis_name else [])),
+            (key_op, "key", [head_index, key_index]),
+            (value_access, "value", [key_index, value_index]),
+        ):
+            self.check_operand(operand, role, required, batch)
+
+        def axis(index: str) -> ir.Axis:
+            return ir.Axis(index, c.index_dims[index])
+
+        roles = {query_op.tensor.name: "query", key_op.tensor.name: "key"}
+        roles.setdefault(value_access.tensor.name, "value")
+        if len({query_op.tensor.name, key_op.tensor.name, value_access.tensor.name}) < 3:
+            raise self.error(
+                "query, key and value must be three different input tensors", contraction.stmt.span
+            )
+        tensors = tuple(
+            ir.TensorArg(t.name, t.dims, t.dtype, roles.get(t.name, "aux"))  # type: ignore[arg-type]
+            for t in c.inputs.values()
+        )
+        params = tuple(
+            ir.ParamArg(
+                p.name,
+                p.dtype,
+                dtype_type(p.dtype),
+                self.expr(p.default) if p.default is not None else None,
+            )
+            for p in c.params.values()
+        )
+        return ir.AttentionKernel(
+            name=c.name,
+            dims=c.dims,
+            tensors=tensors,
+            params=params,
+            batch_axes=tuple(axis(i) for i in batch),
+            query_axis=axis(query_axis_name) if query_axis_name else None,
+            key_axis=axis(key_index),
+            head_axis=axis(head_index),
+            value_axis=axis(value_index),
+            query=self.operand(query_op),
+            key=self.operand(key_op),
+            value=self.operand(value_access),
+            score_scale=scale,
+            score_mods=tuple(self.modification(m, softmax.source) for m in mods),
+            masks=tuple(self.expr(m.condition) for m in c.masks),
+            output=ir.Output(
+                value_def.target,
+                value_def.indices,
+                tuple(c.index_dims[i] for i in value_def.indices),
+            ),
+            schedule=c.schedule,  # type: ignore[arg-type]
+        )
+
+    def scores(
+        self, contraction: Definition, softmax: Softmax
+    ) -> tuple[ast.Access, ast.Access, ir.Expr]:
+        span = contraction.stmt.span
+        if len(contraction.summed) != 1:
+            raise self.error(
+                "not attention: the scores must contract exactly one head-dim index, "
+                f"found {len(contraction.summed)}",
+                span,
+                "s[b, h, m, n] = q[b, h, m, d] * k[b, h, n, d] * scale",
+            )
+        accesses = [f for f in _factors(contraction.value) if isinstance(f, ast.Access)]
+        scalars = [f for f in _factors(contraction.value) if not isinstance(f, ast.Access)]
+        if len(accesses) != 2 or _factors(contraction.value) is None:
+            raise self.error(
+                "not attention: the scores must be a product of two tensors (query and key) "
+                "and scalar factors",
+                contraction.value.span,
+                "put other terms on their own line: s = s + bias[b, h, m, n]",
+            )
+        for factor in scalars:
+            if self.c_free(factor):
+                raise self.error(
+                    "a scalar factor of the scores cannot depend on an index",
+                    factor.span,
+                    "apply index-dependent terms as a modification: s = s * w[h]",
+                )
+        key = next((a for a in accesses if softmax.axis in _plain(a)), None)
+        query = next((a for a in accesses if a is not key), None)
+        if key is None or query is None or softmax.axis in _plain(query):
+            raise self.error(
+                f"not attention: exactly one factor of the scores must range over the softmax "
+                f"index '{softmax.axis}' (the key)",
+                contraction.value.span,
+            )
+        scale: ir.Expr = ir.Const(1.0, "float")
+        for factor in scalars:
+            lowered = self.expr(factor)
+            scale = (
+                lowered
+                if scale == ir.Const(1.0, "float")
+                else ir.BinOp("*", scale, lowered, "float")
+            )
+        return query, key, scale
+
+    def indices_read(self, expr: ast.Expr) -> set[str]:
+        """Indices an expression depends on, looking through lets."""
+        found: set[str] = set()
+        for node in walk(expr):
+            if isinstance(node, ast.Name) and node.name in self.c.lets:
+                found |= self.indices_read(self.c.lets[node.name])
+            elif isinstance(node, ast.Name) and node.name in self.c.index_dims:
+                found.add(node.name)
+        return found
+
+    def c_free(self, expr: ast.Expr) -> bool:
+        return any(
+            isinstance(n, ast.Name) and (n.name in self.c.index_dims or n.name in self.c.lets)
+            for n in walk(expr)
+        )
+
+    def value_contraction(self, softmax: Softmax) -> Definition:
+        out = [s for s in self.c.steps if isinstance(s, Definition) and s.target == self.c.output]
+        if not out:
+            raise self.error("not attention: the output must be a contraction", self.spec.name.span)
+        value_def = out[-1]
+        factors = _factors(value_def.value)
+        uses_p = [
+            f
+            for f in factors or []
+            if isinstance(f, ast.Access) and f.tensor.name == softmax.target
+        ]
+        others = [f for f in factors or [] if f not in uses_p]
+        if (
+            factors is None
+            or len(uses_p) != 1
+            or len(others) != 1
+            or not isinstance(others[0], ast.Access)
+            or others[0].tensor.name not in self.c.inputs
+        ):
+            raise self.error(
+                f"not attention: the output must be {softmax.target}[...] * v[...]",
+                value_def.value.span,
+                f"o[b, h, m, d] = {softmax.target}[b, h, m, n] * v[b, h, n, d]",
+            )
+        if tuple(value_def.summed) != (softmax.axis,):
+            raise self.error(
+                f"not attention: the output must sum over the softmax index '{softmax.axis}' only",
+                value_def.stmt.span,
+            )
+        p_access = uses_p[0]
+        assert isinstance(p_access, ast.Access)
+        if tuple(_plain(p_access)) != softmax.indices:
+            raise self.error(
+                f"read {softmax.target} with its own indices [{', '.join(softmax.indices)}]",
+                p_access.span,
+            )
+        return value_def
+
+    def check_operand(
+        self, access: ast.Access, role: str, required: list[str], batch: list[str]
+    ) -> None:
+        """Each subscript is a required plain index or an expression of batch indices only."""
+        plain = _plain(access)
+        for index in required:
+            if index not in plain:
+                raise self.error(
+                    f"the {role} tensor '{access.tensor.name}' must be indexed by '{index}' directly",
+                    access.span,
+                )
+        for sub in access.indices:
+            if isinstance(sub, ast.Name) and sub.name in required:
+                continue
+            for index in sorted(self.indices_read(sub)):
+                if index not in batch:
+                    raise self.error(
+                        f"the {role} subscript uses '{index}', which is not a batch index",
+                        sub.span,
+                        "query/key/value subscripts other than the axes may depend on "
+                        f"batch indices ({', '.join(batch)}) only",
+                    )
+
+    def operand(self, access: ast.Access) -> ir.Operand:
+        return ir.Operand(access.tensor.name, tuple(self.expr(i) for i in access.indices))
+
+    def modification(self, mod: Definition, score: str) -> ir.Expr:
+        lowered = self.expr(mod.value, score)
+        if lowered.type != "float":
+            raise self.error("a score modification must be a float", mod.value.span)
+        return lowered
+
+
+def _factors(expr: ast.Expr) -> list[ast.Expr] | None:
+    """The factors of a product, or None when ``expr`` is not a product of factors."""
+    if isinstance(expr, ast.Binary) and expr.op == "*":
+        left, right = _factors(expr.left), _factors(expr.right)
+        return None if left is None or right is None else left + right
+    if isinstance(expr, ast.Binary) and expr.op == "/":
+        # x / c keeps x's factors and divides a scalar factor: only the left may be a tensor.
+        left = _factors(expr.left)
+        return (
+            None
+            if left is None
+            else [*left, ast.Binary("/", ast.Number(1.0, expr.span), expr.right, expr.span)]
+        )
+    return [expr]
+
+
+def _plain(access: ast.Access) -> list[str]:
+    return [s.name for s in access.indices if isinstance(s, ast.Name)]
+
+
+def _call_type(func: str, args: tuple[ir.Expr, ...]) -> ir.Type:
+    if func in ("exp", "log", "tanh", "sqrt"):
+        return "float"
+    numeric = args[1:] if func == "where" else args
+    return "int" if all(a.type == "int" for a in numeric) else "float"
+
+
+def lower(checked: CheckedSpec) -> ir.AttentionKernel:
+    """Recognise attention; raises ``SpecError`` when the spec is not attention."""
+    return _Lowering(checked).lower()

@@ -1,0 +1,213 @@
+"""The attention IR: frozen dataclasses, edited with ``dataclasses.replace``.
+
+An ``AttentionKernel`` is attention recognised in a spec: which tensors play query, key and
+value, how each is indexed, the scalar scale of the scores, the elementwise score
+modifications, the masks and the output layout. Passes fill in the schedule, the tiling and
+the mask plan. Expressions are small typed trees; lets are already inlined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Type = Literal["int", "float", "bool"]
+
+# ----------------------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    value: int | float | bool
+    type: Type
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """The integer value of a loop index (b, h, m, n, ...)."""
+
+    name: str
+    type: Type = "int"
+
+
+@dataclass(frozen=True, slots=True)
+class Dim:
+    """A size bound from tensor shapes at call time."""
+
+    name: str
+    type: Type = "int"
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    type: Type
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """The current score value inside a score modification."""
+
+    type: Type = "float"
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """An element of an auxiliary input tensor; ``indices`` has one expression per dim."""
+
+    tensor: str
+    indices: tuple[Expr, ...]
+    type: Type
+
+
+@dataclass(frozen=True, slots=True)
+class Unary:
+    op: Literal["neg", "not"]
+    operand: Expr
+    type: Type
+
+
+@dataclass(frozen=True, slots=True)
+class BinOp:
+    """Arithmetic, comparison or logic. ``/`` on ints truncates toward zero."""
+
+    op: str
+    left: Expr
+    right: Expr
+    type: Type
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    func: str
+    args: tuple[Expr, ...]
+    type: Type
+
+
+Expr = Const | Index | Dim | Param | Score | Load | Unary | BinOp | Call
+
+ARITHMETIC_OPS = ("+", "-", "*", "/", "%")
+COMPARE_OPS = ("==", "!=", "<", "<=", ">", ">=")
+LOGIC_OPS = ("and", "or")
+
+# ----------------------------------------------------------------------------- kernel
+
+
+@dataclass(frozen=True, slots=True)
+class TensorArg:
+    """A kernel input in declaration order; ``dims`` is also its memory layout."""
+
+    name: str
+    dims: tuple[str, ...]
+    dtype: str
+    role: Literal["query", "key", "value", "aux"]
+
+
+@dataclass(frozen=True, slots=True)
+class ParamArg:
+    name: str
+    dtype: str
+    type: Type
+    default: Expr | None
+
+
+@dataclass(frozen=True, slots=True)
+class Axis:
+    index: str
+    dim: str
+
+
+@dataclass(frozen=True, slots=True)
+class Operand:
+    """How query, key or value is read: one index expression per tensor dim."""
+
+    tensor: str
+    indices: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """The output tensor, laid out in the order of its left-hand indices."""
+
+    name: str
+    indices: tuple[str, ...]
+    dims: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Tiling:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeyBound:
+    """One side of the visible key range of a query row: ``expr`` depends on the query index.
+
+    ``slope`` is the sign of d(expr)/d(m) (+1, 0 or -1): it tells which row of a query tile
+    gives the tile's extreme, so a tile's range is the bound at its first or last row.
+    """
+
+    expr: Expr
+    slope: int
+
+
+@dataclass(frozen=True, slots=True)
+class MaskPlan:
+    """Masks split into a key interval per query row and a residual checked per element.
+
+    Visible keys of row m lie in [max(lower), min(upper)); ``lower``/``upper`` empty mean
+    0 and N. ``residual`` masks cannot be expressed as an interval (document ids, ...).
+    """
+
+    lower: tuple[KeyBound, ...]
+    upper: tuple[KeyBound, ...]
+    residual: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMapping:
+    """GQA: query head ``head`` reads kv head ``head / (H / KVH)``; checked at call time."""
+
+    head: Axis
+    kv_dim: str
+
+
+Schedule = Literal["naive", "fused", "split_kv"]
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionKernel:
+    name: str
+    dims: tuple[str, ...]
+    tensors: tuple[TensorArg, ...]
+    params: tuple[ParamArg, ...]
+    batch_axes: tuple[Axis, ...]
+    query_axis: Axis | None
+    key_axis: Axis
+    head_axis: Axis
+    value_axis: Axis
+    query: Operand
+    key: Operand
+    value: Operand
+    score_scale: Expr
+    score_mods: tuple[Expr, ...]
+    masks: tuple[Expr, ...]
+    output: Output
+    schedule: Schedule | None = None
+    tiling: Tiling | None = None
+    mask_plan: MaskPlan | None = None
+    group: GroupMapping | None = None
+
+    def tensor(self, name: str) -> TensorArg:
+        for arg in self.tensors:
+            if arg.name == name:
+                return arg
+        raise KeyError(name)
+
+    @property
+    def axes(self) -> tuple[Axis, ...]:
+        query = (self.query_axis,) if self.query_axis else ()
+        return (*self.batch_axes, *query, self.key_axis, self.head_axis, self.value_axis)

@@ -1,0 +1,205 @@
+"""mask-analysis: turn masks into a visible key interval per query row where possible.
+
+A comparison that is linear in the key index n with coefficient +-1 (``m >= n``,
+``m - n < window``, ``n < cache_len[b]``, ``m + N - M >= n``) bounds n from one side by an
+expression of the query index m and of per-program values. The kernel then loops over the
+keys of the interval only (empty tiles are skipped) and runs tiles inside every row's
+interval without any mask arithmetic. Masks that are no interval (document ids) remain
+per-element ``residual`` masks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from attncc.ir import nodes as ir
+from attncc.ir.verify import indices_of
+
+
+@dataclass(frozen=True)
+class _Linear:
+    """sum(coeffs[i] * i) + sum(sign * term): a linear form in the query/key indices."""
+
+    coeffs: dict[str, int]
+    terms: tuple[tuple[int, ir.Expr], ...]
+
+    def scaled(self, factor: int) -> _Linear:
+        return _Linear(
+            {k: v * factor for k, v in self.coeffs.items()},
+            tuple((s * factor, t) for s, t in self.terms),
+        )
+
+    def plus(self, other: _Linear) -> _Linear:
+        coeffs = dict(self.coeffs)
+        for k, v in other.coeffs.items():
+            coeffs[k] = coeffs.get(k, 0) + v
+        return _Linear({k: v for k, v in coeffs.items() if v}, self.terms + other.terms)
+
+
+def _linearize(expr: ir.Expr, variables: set[str]) -> _Linear | None:
+    """A linear form of ``expr`` in ``variables``, or None when it is not linear in them."""
+    if not indices_of(expr) & variables:
+        return _Linear({}, ((1, expr),)) if expr.type == "int" else None
+    match expr:
+        case ir.Index(name=name):
+            return _Linear({name: 1}, ())
+        case ir.Unary(op="neg", operand=x):
+            inner = _linearize(x, variables)
+            return inner.scaled(-1) if inner else None
+        case ir.BinOp(op="+" | "-", left=a, right=b) if expr.type == "int":
+            la, lb = _linearize(a, variables), _linearize(b, variables)
+            if la is None or lb is None:
+                return None
+            return la.plus(lb.scaled(-1 if expr.op == "-" else 1))
+        case ir.BinOp(op="*", left=ir.Const(value=int() as c), right=x) | ir.BinOp(
+            op="*", left=x, right=ir.Const(value=int() as c)
+        ) if not isinstance(c, bool):
+            inner = _linearize(x, variables)
+            return inner.scaled(c) if inner else None
+        case _:
+            return None
+
+
+def _sum(terms: list[tuple[int, ir.Expr]]) -> ir.Expr:
+    """Render sum(sign * term) as an integer IR expression."""
+    result: ir.Expr | None = None
+    for sign, term in terms:
+        for _ in range(abs(sign)):
+            if result is None:
+                result = term if sign > 0 else ir.Unary("neg", term, "int")
+            else:
+                result = ir.BinOp("+" if sign > 0 else "-", result, term, "int")
+    return result if result is not None else ir.Const(0, "int")
+
+
+@dataclass(frozen=True)
+class _Interval:
+    lower: tuple[ir.KeyBound, ...]
+    upper: tuple[ir.KeyBound, ...]
+
+
+def _compare_interval(
+    mask: ir.BinOp, key: str, query: str | None
+) -> _Interval | None:
+    variables = {key} | ({query} if query else set())
+    left, right = _linearize(mask.left, variables), _linearize(mask.right, variables)
+    if left is None or right is None:
+        return None
+    form = left.plus(right.scaled(-1))  # mask is: form <op> 0
+    key_coeff = form.coeffs.get(key, 0)
+    if key_coeff not in (1, -1) or set(form.coeffs) - variables:
+        return None
+    # Normalise to  key <op'> rest  with rest = -form/key_coeff without the key term.
+    rest_form = _Linear({k: v for k, v in form.coeffs.items() if k != key}, form.terms).scaled(
+        -key_coeff
+    )
+    op = mask.op
+    if key_coeff == -1:  # -n + r <op> 0  <=>  n <flipped op> r
+        op = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}[op]
+    query_coeff = rest_form.coeffs.get(query, 0) if query else 0
+    terms = list(rest_form.terms)
+    if query_coeff:
+        terms = [(query_coeff, ir.Index(query)), *terms] if query else terms  # type: ignore[arg-type]
+    slope = (query_coeff > 0) - (query_coeff < 0)
+
+    def bound(offset: int) -> ir.KeyBound:
+        expr = _sum(terms + ([(offset, ir.Const(1, "int"))] if offset else []))
+        return ir.KeyBound(expr, slope)
+
+    match op:  # key <op> rest, upper bounds exclusive
+        case "<":
+            return _Interval((), (bound(0),))
+        case "<=":
+            return _Interval((), (bound(1),))
+        case ">":
+            return _Interval((bound(1),), ())
+        case ">=":
+            return _Interval((bound(0),), ())
+        case "==":
+            return _Interval((bound(0),), (bound(1),))
+        case _:
+            return None
+
+
+def _combine(bounds: tuple[ir.KeyBound, ...], func: str) -> ir.KeyBound | None:
+    """min/max of bounds of one monotonic direction (needed to stay a tile-wise bound)."""
+    slopes = {b.slope for b in bounds} - {0}
+    if len(slopes) > 1:
+        return None
+    expr = bounds[0].expr
+    for b in bounds[1:]:
+        expr = ir.Call(func, (expr, b.expr), "int")
+    return ir.KeyBound(expr, slopes.pop() if slopes else 0)
+
+
+def _interval(mask: ir.Expr, key: str, query: str | None) -> _Interval | None:
+    match mask:
+        case ir.BinOp(op="and", left=a, right=b):
+            ia, ib = _interval(a, key, query), _interval(b, key, query)
+            if ia is None or ib is None:
+                return None
+            return _Interval(ia.lower + ib.lower, ia.upper + ib.upper)
+        case ir.BinOp(op="or", left=a, right=b):
+            ia, ib = _interval(a, key, query), _interval(b, key, query)
+            if ia is None or ib is None:
+                return None
+            # A union of intervals is an interval when both start at 0 (or both end at N).
+            if not ia.lower and not ib.lower and ia.upper and ib.upper:
+                ua, ub = _combine(ia.upper, "min"), _combine(ib.upper, "min")
+                joined = _combine((ua, ub), "max") if ua and ub else None
+                return _Interval((), (joined,)) if joined else None
+            if not ia.upper and not ib.upper and ia.lower and ib.lower:
+                la, lb = _combine(ia.lower, "max"), _combine(ib.lower, "max")
+                joined = _combine((la, lb), "min") if la and lb else None
+                return _Interval((joined,), ()) if joined else None
+            return None
+        case ir.BinOp(op="<" | "<=" | ">" | ">=" | "==") if key in indices_of(mask):
+            return _compare_interval(mask, key, query)
+        case _:
+            return None
+
+
+@dataclass(frozen=True)
+class MaskAnalysis:
+    """Before: ``mask_plan`` is None. After: every mask is either folded into the key
+    interval of ``mask_plan`` or listed in its ``residual``; the interval is exact (a key is
+    in it iff the folded masks hold). Bounds depend on the query index and batch values only.
+    """
+
+    name: str = "mask-analysis"
+
+    def run(self, kernel: ir.AttentionKernel) -> ir.AttentionKernel:
+        key = kernel.key_axis.index
+        query = kernel.query_axis.index if kernel.query_axis else None
+        lower: list[ir.KeyBound] = []
+        upper: list[ir.KeyBound] = []
+        residual: list[ir.Expr] = []
+        for mask in kernel.masks:
+            interval = _interval(mask, key, query)
+            if interval is None:
+                residual.extend(_split_and(mask, key, query, lower, upper))
+            else:
+                lower.extend(interval.lower)
+                upper.extend(interval.upper)
+        plan = ir.MaskPlan(tuple(lower), tuple(upper), tuple(residual))
+        return replace(kernel, mask_plan=plan)
+
+
+def _split_and(
+    mask: ir.Expr,
+    key: str,
+    query: str | None,
+    lower: list[ir.KeyBound],
+    upper: list[ir.KeyBound],
+) -> list[ir.Expr]:
+    """Fold the interval conjuncts of an ``and`` chain; return the others as residual."""
+    if isinstance(mask, ir.BinOp) and mask.op == "and":
+        return _split_and(mask.left, key, query, lower, upper) + _split_and(
+            mask.right, key, query, lower, upper
+        )
+    interval = _interval(mask, key, query)
+    if interval is None:
+        return [mask]
+    lower.extend(interval.lower)
+    upper.extend(interval.upper)
+    return []

@@ -1,0 +1,37 @@
+"""The pass pipeline from a lowered kernel to one ready for code generation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from attncc.ir.nodes import AttentionKernel, Schedule
+from attncc.ir.verify import verify
+from attncc.passes.base import Pass
+from attncc.passes.gqa import GqaMapping
+from attncc.passes.mask_analysis import MaskAnalysis
+from attncc.passes.schedule import ChooseSchedule
+from attncc.passes.tiling import Tile
+
+
+def default_passes(schedule: Schedule | None = None) -> list[Pass]:
+    return [ChooseSchedule(schedule), GqaMapping(), MaskAnalysis(), Tile()]
+
+
+PASS_NAMES = tuple(p.name for p in default_passes())
+
+
+def run_passes(
+    kernel: AttentionKernel,
+    passes: Sequence[Pass] | None = None,
+    *,
+    after_each: Callable[[Pass, AttentionKernel], None] | None = None,
+    check: bool = True,
+) -> AttentionKernel:
+    """Run ``passes`` in order, verifying the IR after each one when ``check``."""
+    for p in passes if passes is not None else default_passes():
+        kernel = p.run(kernel)
+        if check:
+            verify(kernel)
+        if after_each is not None:
+            after_each(p, kernel)
+    return kernel

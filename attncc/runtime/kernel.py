@@ -1,0 +1,83 @@
+"""``Kernel``: a compiled spec, callable on torch tensors (CPU through the Triton interpreter)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from attncc.ir.nodes import AttentionKernel
+from attncc.runtime import op as op_registry
+from attncc.runtime.jit import interpreter, load_module, module_path
+
+
+@dataclass
+class Kernel:
+    """Call as ``kernel(q, k, v, ..., scale=..., return_lse=False)``.
+
+    Inputs go by position (declaration order) or by name, params by name. CUDA tensors run
+    the compiled kernel, CPU tensors the same kernel in the Triton interpreter.
+    """
+
+    name: str
+    ir: AttentionKernel
+    source: str
+    entry: str
+    path: Path = field(init=False)
+    _op: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.path = module_path(self.name, self.source)
+        key = self.path.stem.rsplit("_", 1)[-1][:12]
+        self._op = op_registry.register(self.ir, key, self._run, self._fake)
+
+    def module(self, interpreted: bool) -> ModuleType:
+        return load_module(self.path, interpreted)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.ir.tensors)
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.ir.params)
+
+    def __call__(self, *args: Any, return_lse: bool = False, **kwargs: Any) -> Any:
+        tensors, params = self.module(False)._bind(args, kwargs)
+        inputs = [tensors[name] for name in self.input_names]
+        values = [params.get(name) for name in self.param_names]
+        out, lse = self._op(*inputs, *values, return_lse=return_lse)
+        return (out, lse) if return_lse else out
+
+    def _split(self, args: tuple[Any, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Undo the op's flat argument list: inputs, then params (None: default)."""
+        n, p = len(self.input_names), len(self.param_names)
+        tensors = dict(zip(self.input_names, args[:n], strict=True))
+        # the dispatcher may drop trailing arguments left at their defaults (None)
+        values = (*args[n : n + p], *([None] * p))[:p]
+        params = {k: v for k, v in zip(self.param_names, values, strict=True) if v is not None}
+        return tensors, params
+
+    def _run(self, *args: Any, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        tensors, params = self._split(args)
+        on_cpu = next(iter(tensors.values())).device.type == "cpu"
+        module = self.module(interpreted=on_cpu)
+        with interpreter(on_cpu):
+            out, lse = getattr(module, self.entry)(**tensors, **params, return_lse=True)
+        return out, lse
+
+    def _fake(self, *args: Any, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        tensors, params = self._split(args)
+        module = self.module(False)
+        sizes, dtype, device = module._check(tensors, params)
+        out_dims = [sizes[d] for d in self.ir.output.dims]
+        lse_dims = [sizes[a.dim] for a in self.ir.batch_axes]
+        if self.ir.query_axis is not None:
+            lse_dims.append(sizes[self.ir.query_axis.dim])
+        return (
+            torch.empty(out_dims, dtype=dtype, device=device),
+            torch.empty(lse_dims, dtype=torch.float32, device=device),
+        )
