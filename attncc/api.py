@@ -45,4 +45,4 @@ def compile(  # noqa: A001 - the public name users expect
         raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
     checked, kernel = optimise(spec, schedule, **options)
     rendered = triton_backend.render(kernel, checked.spec.source)
-    return Kernel(kernel.name, kernel, rendered.source, rendered.entry)
+    return Kernel(kernel.name, checked, kernel, rendered.source, rendered.entry)

@@ -22,6 +22,10 @@ The spec is evaluated exactly as written, with everything materialised:
   Triton and CUDA); ``/`` with a float operand is true division. Integer division by zero is an
   error; float arithmetic follows IEEE (``1 / 0.0`` is ``inf``).
 - f32 params are Python floats, i32 params Python ints.
+- ``reference(spec, rounding="float16")`` (or ``"bfloat16"``, ``"float32"``) emulates the same
+  math done naively in a lower precision: float inputs and every materialised result (each
+  statement, the probabilities, the output) are rounded to that dtype. The tolerance rule
+  (``attncc.tolerance``) measures kernels against this.
 - Every ``mask`` statement is ANDed together and applied to the softmax's source: masked scores
   are ``-inf``. A row with no visible key has probabilities 0 (so its output is 0) and lse
   ``-inf``, never NaN: the flash-attn and FlexAttention convention.
@@ -66,16 +70,37 @@ _COMPARE: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
-def reference(spec: str | Path | CheckedSpec) -> Reference:
-    """The float64 reference of a spec given as text, a path to a ``.attn`` file, or checked."""
-    return Reference(load(spec))
+Rounding = Literal["float32", "float16", "bfloat16"]
+
+
+def reference(spec: str | Path | CheckedSpec, rounding: Rounding | None = None) -> Reference:
+    """The float64 reference of a spec given as text, a path to a ``.attn`` file, or checked.
+
+    ``rounding`` rounds every materialised value to a lower precision (see the module doc).
+    """
+    return Reference(load(spec), rounding)
+
+
+def round_to(array: Array, rounding: Rounding | None) -> Array:
+    """``array`` rounded to ``rounding`` (nearest even) and widened back to float64."""
+    if rounding is None or array.dtype.kind != "f":
+        return array
+    if rounding == "bfloat16":
+        # bfloat16 is the upper half of a float32: round the lower half away, to nearest even
+        bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+        bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(
+            0xFFFF0000
+        )
+        return bits.view(np.float32).astype(np.float64)
+    return array.astype(rounding).astype(np.float64)
 
 
 class Reference:
     """Evaluates one checked spec; call it like the compiled kernel."""
 
-    def __init__(self, spec: CheckedSpec) -> None:
+    def __init__(self, spec: CheckedSpec, rounding: Rounding | None = None) -> None:
         self.spec = spec
+        self.rounding = rounding
 
     def __repr__(self) -> str:
         return f"reference({self.spec.name!r})"
@@ -100,10 +125,12 @@ class Reference:
             raise ValueError(
                 f"return_lse needs exactly one softmax, but '{spec.name}' has {len(softmaxes)}"
             )
-        tensors = _bind_inputs(spec, inputs, named)
+        tensors = {
+            k: round_to(v, self.rounding) for k, v in _bind_inputs(spec, inputs, named).items()
+        }
         # IEEE results (exp overflow, log(0), 1/0.0) are the intended semantics, not warnings.
         with np.errstate(all="ignore"):
-            evaluator = _Evaluator(spec, tensors, _bind_sizes(spec, tensors))
+            evaluator = _Evaluator(spec, tensors, _bind_sizes(spec, tensors), self.rounding)
             for name, info in spec.params.items():
                 if name in named:
                     value = named[name]
@@ -218,8 +245,15 @@ class _Evaluator:
     """Values live in *frames*: an array for the index tuple ``frame`` has one axis per index in
     that order (size 1 where it does not vary), so numpy broadcasting lines indices up."""
 
-    def __init__(self, spec: CheckedSpec, tensors: dict[str, Array], sizes: dict[str, int]) -> None:
+    def __init__(
+        self,
+        spec: CheckedSpec,
+        tensors: dict[str, Array],
+        sizes: dict[str, int],
+        rounding: Rounding | None = None,
+    ) -> None:
         self.spec = spec
+        self.rounding = rounding
         self.tensors = tensors
         self.sizes = sizes
         self.params: dict[str, int | float] = {}
@@ -262,7 +296,10 @@ class _Evaluator:
         equation = f"{','.join(subscripts)}->{''.join(letter[i] for i in kept)}"
         result = np.einsum(equation, *operands, optimize=True)
         full = np.broadcast_to(_place(result, kept, step.indices), self.shape(step.indices))
-        self.defined[step.target] = (step.indices, np.array(full, dtype=np.float64))
+        self.defined[step.target] = (
+            step.indices,
+            round_to(np.array(full, dtype=np.float64), self.rounding),
+        )
 
     def softmax(self, step: Softmax) -> None:
         indices, scores = self.defined[step.source]
@@ -284,7 +321,8 @@ class _Evaluator:
         total = np.sum(weights, axis=axis, keepdims=True)
         # Such a row has weights 0 and total 0: divide by 1 to give probabilities 0. NaN scores
         # still propagate, since NaN == 0 is false.
-        self.defined[step.target] = (indices, weights / np.where(total == 0, 1.0, total))
+        probs = weights / np.where(total == 0, 1.0, total)
+        self.defined[step.target] = (indices, round_to(probs, self.rounding))
         self.lse = np.squeeze(peak + np.log(total), axis=axis)  # log(0) = -inf
 
     # ------------------------------------------------------------------ expressions

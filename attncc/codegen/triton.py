@@ -194,9 +194,7 @@ class _Context:
                         "tensor": operand.tensor,
                         "text": expr_str(sub),
                         "value": cx.host_expr(sub),
-                        "indices": [
-                            {"var": cx.index_var(a.index), "dim": a.dim} for a in axes
-                        ],
+                        "indices": [{"var": cx.index_var(a.index), "dim": a.dim} for a in axes],
                         "dim": dim,
                     }
                 )

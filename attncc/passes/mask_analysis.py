@@ -51,8 +51,9 @@ def _linearize(expr: ir.Expr, variables: set[str]) -> _Linear | None:
             if la is None or lb is None:
                 return None
             return la.plus(lb.scaled(-1 if expr.op == "-" else 1))
-        case ir.BinOp(op="*", left=ir.Const(value=int() as c), right=x) | ir.BinOp(
-            op="*", left=x, right=ir.Const(value=int() as c)
+        case (
+            ir.BinOp(op="*", left=ir.Const(value=int() as c), right=x)
+            | ir.BinOp(op="*", left=x, right=ir.Const(value=int() as c))
         ) if not isinstance(c, bool):
             inner = _linearize(x, variables)
             return inner.scaled(c) if inner else None
@@ -78,9 +79,7 @@ class _Interval:
     upper: tuple[ir.KeyBound, ...]
 
 
-def _compare_interval(
-    mask: ir.BinOp, key: str, query: str | None
-) -> _Interval | None:
+def _compare_interval(mask: ir.BinOp, key: str, query: str | None) -> _Interval | None:
     variables = {key} | ({query} if query else set())
     left, right = _linearize(mask.left, variables), _linearize(mask.right, variables)
     if left is None or right is None:

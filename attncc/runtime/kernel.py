@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from attncc.ir.nodes import AttentionKernel
+from attncc.spec import CheckedSpec
 from attncc.runtime import op as op_registry
 from attncc.runtime.jit import interpreter, load_module, module_path
 
@@ -23,6 +24,7 @@ class Kernel:
     """
 
     name: str
+    spec: CheckedSpec
     ir: AttentionKernel
     source: str
     entry: str
@@ -36,6 +38,15 @@ class Kernel:
 
     def module(self, interpreted: bool) -> ModuleType:
         return load_module(self.path, interpreted)
+
+    def param_defaults(self, sizes: dict[str, int]) -> dict[str, Any]:
+        """The value of every param with a default, for these dim sizes."""
+        return dict(self.module(False)._param_defaults(sizes, {}))
+
+    def poison_outputs(self, enabled: bool) -> None:
+        """Fill outputs with NaN before each launch (checks), in every loaded variant."""
+        for interpreted in (False, True):
+            self.module(interpreted)._POISON = enabled
 
     @property
     def input_names(self) -> tuple[str, ...]:

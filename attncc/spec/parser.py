@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,18 @@ def _example_labels() -> dict[tuple[frozenset[str], str], tuple[str, str]]:
     return labels
 
 
+def _keyword_as_target(text: str, line: int) -> tuple[str, int] | None:
+    """The keyword starting ``line`` as if it were an assignment target (`out[b] = ...`), and
+    its column."""
+    lines = text.splitlines()
+    if not 0 < line <= len(lines):
+        return None
+    match = re.match(r"\s*([A-Za-z_]\w*)\s*[\[=]", lines[line - 1])
+    if match is None or match.group(1) not in _STATEMENT_WORDS:
+        return None
+    return match.group(1), match.start(1) + 1
+
+
 def _end_of_code(text: str, line: int) -> int:
     """Column just past the last character of ``line`` that is not a comment or blank."""
     lines = text.splitlines()
@@ -267,6 +280,7 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, filename: str
     if line < 0 or column < 0:  # end of input
         lines = text.splitlines() or [""]
         line, column = len(lines), len(lines[-1]) + 1
+    width = 1
     hint: str | None
     if isinstance(err, lark.exceptions.UnexpectedCharacters):
         char = text_at(text, line, column)
@@ -278,18 +292,26 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, filename: str
             column = _end_of_code(text, line)
         accepts = err.accepts or err.expected
         label = _example_labels().get(_signature(err))
+        keyword = _keyword_as_target(text, line)
         if "ATTENTION" in accepts:
             message, hint = _HEADER_ERROR
+        elif keyword is not None:
+            word, column = keyword
+            width = len(word)
+            message = f"'{word}' is a keyword and cannot name a tensor"
+            hint = f"rename it, e.g. {word}_"
+        elif tok.type == "EQUAL" and "COMPARE" in accepts:
+            message, hint = "unexpected '=' in an expression", "compare with =="
         elif label is not None:
             message, hint = label
         else:
             shown = "end of line" if tok.type in ("_NL", "$END") else repr(str(tok))
             message = f"unexpected {shown}"
-            expected = sorted(_describe(t) for t in accepts)
+            expected = sorted({_describe(t) for t in accepts})
             hint = f"expected {', '.join(expected)}" if expected else None
     else:
         message, hint = "unexpected end of spec", None
-    span = ast.Span(line, column, line, column + 1)
+    span = ast.Span(line, column, line, column + width)
     return SpecError(message, span, hint, source=text, filename=filename)
 
 
@@ -304,6 +326,7 @@ _TERMINAL_NAMES = {
     "NAME": "a name",
     "NUMBER": "a number",
     "_NL": "end of line",
+    "$END": "end of line",
     "COMPARE": "a comparison",
     "ADD_OP": "'+' or '-'",
     "MUL_OP": "'*', '/' or '%'",

@@ -1,0 +1,70 @@
+"""The one tolerance rule (FlexAttention-style), with its constants in one place.
+
+A kernel output passes when its RMS error against the float64 reference is within
+``ERROR_FACTOR`` times the RMS error of the same math done naively in the kernel's dtype
+(every materialised intermediate rounded to that dtype, as eager PyTorch would), plus a floor
+for outputs whose naive error is near zero. FlexAttention's tests apply this rule to the mean
+error. A single max-error element is noisier (the fused kernel rounds unnormalised
+probabilities, the naive math normalised ones), so the max error gets its own, wider factor:
+it still catches a wrong tile or row, whose error is O(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+ERROR_FACTOR = 2.0
+MAX_ERROR_FACTOR = 4.0
+# floor = max(FLOOR_ABS, FLOOR_EPS * eps(dtype))
+FLOOR_ABS = 1e-5
+FLOOR_EPS = 0.25
+EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    error: float  # max abs error of the kernel
+    bound: float  # what the rule allows for the max error
+    rms_error: float
+    rms_bound: float
+    ok: bool
+    reason: str = ""
+
+
+def floor(dtype: str) -> float:
+    return max(FLOOR_ABS, FLOOR_EPS * EPS[dtype])
+
+
+def compare(
+    actual: npt.NDArray[np.float64],
+    exact: npt.NDArray[np.float64],
+    naive: npt.NDArray[np.float64],
+    dtype: str,
+) -> Verdict:
+    """``actual`` (the kernel) against ``exact`` (float64), allowing what ``naive`` misses by.
+
+    Non-finite values must agree exactly (e.g. lse = -inf for fully masked rows); a NaN in
+    the kernel's output always fails.
+    """
+    if actual.shape != exact.shape:
+        return Verdict(np.inf, 0.0, np.inf, 0.0, False, f"shape {actual.shape} != {exact.shape}")
+    if np.isnan(actual).any():
+        return Verdict(np.inf, 0.0, np.inf, 0.0, False, "NaN in kernel output")
+    finite = np.isfinite(exact)
+    if not np.array_equal(np.isfinite(actual), finite) or not np.array_equal(
+        actual[~finite], exact[~finite]
+    ):
+        return Verdict(np.inf, 0.0, np.inf, 0.0, False, "non-finite values differ")
+    if not finite.any():
+        return Verdict(0.0, 0.0, 0.0, 0.0, True)
+    err = np.abs(actual[finite] - exact[finite])
+    naive_err = np.abs(np.where(np.isfinite(naive[finite]), naive[finite], 0.0) - exact[finite])
+    base = floor(dtype)
+    bound = MAX_ERROR_FACTOR * float(naive_err.max()) + base
+    rms = float(np.sqrt(np.mean(err**2)))
+    rms_bound = ERROR_FACTOR * float(np.sqrt(np.mean(naive_err**2))) + base
+    ok = float(err.max()) <= bound and rms <= rms_bound
+    return Verdict(float(err.max()), bound, rms, rms_bound, ok, "" if ok else "error above bound")
