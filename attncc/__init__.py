@@ -2,8 +2,8 @@
 
 __version__ = "0.1.0"
 
-from attncc.api import compile, optimise  # noqa: E402
-from attncc.runtime.kernel import Kernel  # noqa: E402
-from attncc.spec import SpecError, load  # noqa: E402
+from attncc.api import compile, optimise
+from attncc.runtime.kernel import Kernel
+from attncc.spec import SpecError, load
 
 __all__ = ["Kernel", "SpecError", "__version__", "compile", "load", "optimise"]

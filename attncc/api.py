@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from attncc.codegen import triton as triton_backend
 from attncc.ir import lower
 from attncc.ir.nodes import AttentionKernel, Schedule
 from attncc.passes import run_passes
+from attncc.passes.base import Pass
 from attncc.passes.gqa import GqaMapping
 from attncc.passes.mask_analysis import MaskAnalysis
 from attncc.passes.schedule import ChooseSchedule
@@ -30,19 +32,38 @@ def optimise(
             f"unknown option {', '.join(unknown)}; options are {', '.join(_TILING_OPTIONS)}"
         )
     checked = load(spec)
-    passes = [ChooseSchedule(schedule), GqaMapping(), MaskAnalysis(), Tile(**options)]
+    passes: list[Pass] = [ChooseSchedule(schedule), GqaMapping(), MaskAnalysis(), Tile(**options)]
     return checked, run_passes(lower(checked), passes)
 
 
-def compile(  # noqa: A001 - the public name users expect
+def build(
+    spec: str | Path | CheckedSpec,
+    target: str = "triton",
+    schedule: Schedule | None = None,
+    **options: Any,
+) -> Built:
+    """Generate the source for a spec without loading it (``attncc compile -o``)."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
+    checked, kernel = optimise(spec, schedule, **options)
+    rendered = triton_backend.render(kernel, checked.spec.source)
+    return Built(checked, kernel, rendered.source, rendered.entry)
+
+
+@dataclass(frozen=True)
+class Built:
+    spec: CheckedSpec
+    ir: AttentionKernel
+    source: str
+    entry: str
+
+
+def compile(
     spec: str | Path | CheckedSpec,
     target: str = "triton",
     schedule: Schedule | None = None,
     **options: Any,
 ) -> Kernel:
     """Compile a spec (text, path to a ``.attn`` file, or checked spec) to a ``Kernel``."""
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
-    checked, kernel = optimise(spec, schedule, **options)
-    rendered = triton_backend.render(kernel, checked.spec.source)
-    return Kernel(kernel.name, checked, kernel, rendered.source, rendered.entry)
+    built = build(spec, target, schedule, **options)
+    return Kernel(built.ir.name, built.spec, built.ir, built.source, built.entry)

@@ -15,12 +15,17 @@ import numpy as np
 import torch
 
 from attncc.ir.nodes import AttentionKernel
-from attncc.reference import reference
+from attncc.reference import Rounding, reference
 from attncc.runtime.kernel import Kernel
+from attncc.text import format_table
 from attncc.tolerance import Verdict, compare
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+DTYPE_NAMES: dict[torch.dtype, Rounding] = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
 LAYOUTS = ("contiguous", "strided", "permuted")
 HEAD_DIMS = (16, 32, 40, 64, 80, 96, 128)
 
@@ -204,5 +209,4 @@ def table(results: Sequence[Result]) -> str:
                 "ok" if r.ok else f"FAIL ({r.output.reason or r.lse.reason})",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
+    return format_table(rows)

@@ -105,9 +105,9 @@ def triton_expr(expr: ir.Expr, env: TritonEnv) -> str:
                 for sub, dim in zip(subs, arg.dims, strict=True)
                 if _needs_bounds(sub, env)
             ]
-            value = f"tl.load({tensor_var(name)} + {offset}"
-            value += f", mask={' & '.join(bounds)}, other=0)" if bounds else ")"
-            return value if expr.type != "float" else f"{value}.to(tl.float32)"
+            load = f"tl.load({tensor_var(name)} + {offset}"
+            load += f", mask={' & '.join(bounds)}, other=0)" if bounds else ")"
+            return load if expr.type != "float" else f"{load}.to(tl.float32)"
         case ir.Unary(op="neg", operand=x):
             return f"(-{triton_expr(x, env)})"
         case ir.Unary(op="not", operand=x):

@@ -104,7 +104,7 @@ class _Lowering:
         value_def = self.value_contraction(softmax)
         value_access = next(
             f
-            for f in _factors(value_def.value)
+            for f in _factors(value_def.value) or []
             if isinstance(f, ast.Access) and f.tensor.name != softmax.target
         )
         assert isinstance(value_access, ast.Access)
@@ -194,8 +194,9 @@ class _Lowering:
                 span,
                 "s[b, h, m, n] = q[b, h, m, d] * k[b, h, n, d] * scale",
             )
-        accesses = [f for f in _factors(contraction.value) if isinstance(f, ast.Access)]
-        scalars = [f for f in _factors(contraction.value) if not isinstance(f, ast.Access)]
+        factors = _factors(contraction.value) or []
+        accesses = [f for f in factors if isinstance(f, ast.Access)]
+        scalars = [f for f in factors if not isinstance(f, ast.Access)]
         if len(accesses) != 2 or _factors(contraction.value) is None:
             raise self.error(
                 "not attention: the scores must be a product of two tensors (query and key) "
@@ -290,7 +291,8 @@ class _Lowering:
         for index in required:
             if index not in plain:
                 raise self.error(
-                    f"the {role} tensor '{access.tensor.name}' must be indexed by '{index}' directly",
+                    f"the {role} tensor '{access.tensor.name}' must be indexed by "
+                    f"'{index}' directly",
                     access.span,
                 )
         for sub in access.indices:

@@ -82,10 +82,10 @@ def kernel_str(kernel: ir.AttentionKernel) -> str:
             f"  group {kernel.group.head.index}:{kernel.group.head.dim} -> {kernel.group.kv_dim}"
         )
     if kernel.tiling is not None:
-        t = kernel.tiling
+        tiling = kernel.tiling
         lines.append(
-            f"  tiling block_m={t.block_m} block_n={t.block_n}"
-            f" num_warps={t.num_warps} num_stages={t.num_stages}"
+            f"  tiling block_m={tiling.block_m} block_n={tiling.block_n}"
+            f" num_warps={tiling.num_warps} num_stages={tiling.num_stages}"
         )
     if kernel.mask_plan is not None:
         plan = kernel.mask_plan

@@ -8,6 +8,7 @@ from attncc.ir.nodes import AttentionKernel
 
 
 class Pass(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def run(self, kernel: AttentionKernel) -> AttentionKernel: ...

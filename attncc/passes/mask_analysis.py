@@ -98,7 +98,7 @@ def _compare_interval(mask: ir.BinOp, key: str, query: str | None) -> _Interval 
     query_coeff = rest_form.coeffs.get(query, 0) if query else 0
     terms = list(rest_form.terms)
     if query_coeff:
-        terms = [(query_coeff, ir.Index(query)), *terms] if query else terms  # type: ignore[arg-type]
+        terms = [(query_coeff, ir.Index(query)), *terms] if query else terms
     slope = (query_coeff > 0) - (query_coeff < 0)
 
     def bound(offset: int) -> ir.KeyBound:

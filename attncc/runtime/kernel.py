@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from attncc.ir.nodes import AttentionKernel
-from attncc.spec import CheckedSpec
 from attncc.runtime import op as op_registry
 from attncc.runtime.jit import interpreter, load_module, module_path
+from attncc.spec import CheckedSpec
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Kernel:
     def poison_outputs(self, enabled: bool) -> None:
         """Fill outputs with NaN before each launch (checks), in every loaded variant."""
         for interpreted in (False, True):
-            self.module(interpreted)._POISON = enabled
+            setattr(self.module(interpreted), "_POISON", enabled)  # noqa: B010 - generated module
 
     @property
     def input_names(self) -> tuple[str, ...]:

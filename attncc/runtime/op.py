@@ -14,7 +14,7 @@ import torch
 from attncc.codegen.exprs import safe_name
 from attncc.ir.nodes import AttentionKernel
 
-_LIBRARY = torch.library.Library("attncc", "FRAGMENT")
+_LIBRARY = torch.library.Library("attncc", "FRAGMENT")  # type: ignore[no-untyped-call]
 _REGISTERED: dict[str, Any] = {}
 
 
@@ -36,8 +36,8 @@ def register(
     """The op ``torch.ops.attncc.<name>_<key>``, registered once per process."""
     op_name = f"{safe_name(kernel.name)}_{key}"
     if op_name not in _REGISTERED:
-        _LIBRARY.define(op_name + _schema(kernel))
-        _LIBRARY.impl(op_name, run, "CompositeExplicitAutograd")
+        _LIBRARY.define(op_name + _schema(kernel))  # type: ignore[no-untyped-call]
+        _LIBRARY.impl(op_name, run, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
         torch.library.register_fake(f"attncc::{op_name}", fake, lib=_LIBRARY)
         _REGISTERED[op_name] = getattr(torch.ops.attncc, op_name).default
     return _REGISTERED[op_name]

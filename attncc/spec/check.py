@@ -581,7 +581,8 @@ class _Checker:
                 raise self.error(
                     f"'{target.name}' needs indices on its first definition",
                     target.span,
-                    f"write {target.name}[b, h, m, n] = ...",
+                    f"write {target.name}[i, j, ...] = ... with the indices it keeps; "
+                    "the others are summed",
                 )
             lhs = self.defined.get(target.name, ())
         else:

@@ -1,0 +1,322 @@
+"""``attncc bench``: time a compiled spec beside what users would pick instead (GPU only).
+
+Anchors measured in the same run: SDPA with the FLASH_ATTENTION backend (FA2) and with
+CUDNN_ATTENTION (full and causal specs only), and ``torch.compile(flex_attention)`` with the
+score_mod / mask_mod built from the same IR (every spec with two batch axes).
+Throughput is 4·B·H·M·N·D times the fraction of (query, key) pairs the masks leave visible
+(so causal with M == N counts about half, a sliding window its band); decode specs also
+report the bytes of K and V actually read per second.
+
+Bench inputs: floats ~ N(0, 1); an integer input over the key axis holds segment ids of
+``--documents`` equal documents; any other integer input (cache lengths) holds the key length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+import attncc
+from attncc.ir import nodes as ir
+from attncc.ir.verify import indices_of
+from attncc.text import format_table
+from attncc.torch_eval import evaluate
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+ANCHORS = ("sdpa-flash", "sdpa-cudnn", "flex")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """``B,H,S,D`` or ``B,H:KVH,S,D`` (query heads : kv heads)."""
+
+    batch: int
+    heads: int
+    kv_heads: int | None
+    seq: int
+    head_dim: int
+
+    @staticmethod
+    def parse(text: str) -> Shape:
+        b, h, s, d = text.split(",")
+        heads, _, kv = h.partition(":")
+        return Shape(int(b), int(heads), int(kv) if kv else None, int(s), int(d))
+
+    def __str__(self) -> str:
+        kv = f":{self.kv_heads}" if self.kv_heads else ""
+        return f"B={self.batch} H={self.heads}{kv} S={self.seq} D={self.head_dim}"
+
+
+def default_shapes(kernel: ir.AttentionKernel, head_dim: int = 128) -> list[Shape]:
+    """16k tokens per batch at sequence lengths 1k..16k (GQA specs: 32 query / 8 kv heads)."""
+    heads, kv = (32, 8) if kernel.group else (16, None)
+    return [Shape(16384 // s, heads, kv, s, head_dim) for s in (1024, 2048, 4096, 8192, 16384)]
+
+
+@dataclass
+class Row:
+    spec: str
+    shape: str
+    dtype: str
+    ms: float
+    tflops: float
+    tbps: float | None
+    anchors: dict[str, float | None] = field(default_factory=dict)  # anchor -> TFLOP/s
+
+
+def sizes_for(kernel: ir.AttentionKernel, shape: Shape) -> dict[str, int]:
+    sizes = {dim: 1 for dim in kernel.dims}
+    axes = kernel.batch_axes
+    if axes:
+        sizes[axes[0].dim] = shape.batch
+    if len(axes) > 1:
+        sizes[axes[-1].dim] = shape.heads
+    if kernel.group is not None:
+        sizes[kernel.group.kv_dim] = shape.kv_heads or shape.heads
+    sizes[kernel.key_axis.dim] = shape.seq
+    if kernel.query_axis is not None:
+        sizes[kernel.query_axis.dim] = shape.seq
+    sizes[kernel.head_axis.dim] = shape.head_dim
+    sizes[kernel.value_axis.dim] = shape.head_dim
+    return sizes
+
+
+def bench_inputs(
+    kernel: ir.AttentionKernel, sizes: dict[str, int], dtype: torch.dtype, documents: int
+) -> dict[str, torch.Tensor]:
+    key_dim, key_size = kernel.key_axis.dim, sizes[kernel.key_axis.dim]
+    inputs = {}
+    for arg in kernel.tensors:
+        shape = [sizes[d] for d in arg.dims]
+        if arg.dtype in ("i32", "i64"):
+            int_dtype = torch.int32 if arg.dtype == "i32" else torch.int64
+            if arg.dims and arg.dims[-1] == key_dim:
+                ids = torch.arange(key_size, device="cuda") * documents // max(key_size, 1)
+                tensor = ids.expand(shape).to(int_dtype).contiguous()
+            else:
+                tensor = torch.full(shape, key_size, dtype=int_dtype, device="cuda")
+        elif arg.role == "aux":
+            tensor = torch.rand(shape, device="cuda").to(dtype) * 0.1
+        else:
+            tensor = torch.randn(shape, device="cuda", dtype=dtype)
+        inputs[arg.name] = tensor
+    return inputs
+
+
+def _indices(kernel: ir.AttentionKernel, b: Any, h: Any, m: Any, n: Any) -> dict[str, Any]:
+    axes = kernel.batch_axes
+    env = {axes[0].index: b, axes[-1].index: h} if len(axes) == 2 else {}
+    if len(axes) == 1:
+        env[axes[0].index] = b
+    if kernel.query_axis is not None:
+        env[kernel.query_axis.index] = m
+    env[kernel.key_axis.index] = n
+    return env
+
+
+def visible_fraction(
+    kernel: ir.AttentionKernel,
+    sizes: dict[str, int],
+    params: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+) -> float:
+    """Fraction of (query, key) pairs the masks keep, for batch index 0."""
+    if not kernel.masks:
+        return 1.0
+    rows = sizes[kernel.query_axis.dim] if kernel.query_axis else 1
+    m = torch.arange(rows, device="cuda")[:, None]
+    n = torch.arange(sizes[kernel.key_axis.dim], device="cuda")[None, :]
+    env = _indices(kernel, 0, 0, m, n)
+    keep = torch.ones(rows, n.shape[1], dtype=torch.bool, device="cuda")
+    for mask in kernel.masks:
+        keep &= torch.as_tensor(evaluate(mask, env, sizes, params, tensors), device="cuda")
+    return float(keep.float().mean())
+
+
+def _bhsd(operand: ir.Operand, row: str | None, col: str, t: torch.Tensor) -> torch.Tensor:
+    """A [batch, heads, rows, cols] view of an operand (a singleton row axis for decode)."""
+    batch_axes = [
+        i
+        for i, s in enumerate(operand.indices)
+        if not (isinstance(s, ir.Index) and s.name in (row, col))
+    ]
+    row_axes = [
+        i for i, s in enumerate(operand.indices) if isinstance(s, ir.Index) and s.name == row
+    ]
+    col_axes = [
+        i for i, s in enumerate(operand.indices) if isinstance(s, ir.Index) and s.name == col
+    ]
+    view = t.permute(*batch_axes, *row_axes, *col_axes)
+    return view if row_axes else view.unsqueeze(-2)
+
+
+def anchor_runners(
+    kernel: ir.AttentionKernel,
+    inputs: dict[str, torch.Tensor],
+    sizes: dict[str, int],
+    params: dict[str, Any],
+    against: list[str],
+) -> dict[str, Callable[[], Any] | None]:
+    if len(kernel.batch_axes) != 2:
+        return dict.fromkeys(against)
+    query = kernel.query_axis.index if kernel.query_axis else None
+    q = _bhsd(kernel.query, query, kernel.head_axis.index, inputs[kernel.query.tensor])
+    k = _bhsd(kernel.key, kernel.key_axis.index, kernel.head_axis.index, inputs[kernel.key.tensor])
+    v = _bhsd(
+        kernel.value, kernel.key_axis.index, kernel.value_axis.index, inputs[kernel.value.tensor]
+    )
+    scale = float(evaluate(kernel.score_scale, {}, sizes, params, inputs))
+    gqa = kernel.group is not None
+    runners: dict[str, Callable[[], Any] | None] = {}
+    causal_mask = ir.BinOp(">=", ir.Index(query or ""), ir.Index(kernel.key_axis.index), "bool")
+    sdpa_ok = not kernel.score_mods and (
+        not kernel.masks or (kernel.masks == (causal_mask,) and q.shape[2] == k.shape[2])
+    )
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    for name, backend in (
+        ("sdpa-flash", SDPBackend.FLASH_ATTENTION),
+        ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+    ):
+        if name not in against:
+            continue
+
+        def run_sdpa(backend: Any = backend) -> Any:
+            with sdpa_kernel(backend):
+                return sdpa(q, k, v, is_causal=bool(kernel.masks), scale=scale, enable_gqa=gqa)
+
+        runners[name] = run_sdpa if sdpa_ok else None
+    if "flex" in against:
+        runners["flex"] = _flex_runner(kernel, q, k, v, sizes, params, inputs, scale, gqa)
+    return runners
+
+
+def _flex_runner(
+    kernel: ir.AttentionKernel,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sizes: dict[str, int],
+    params: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    scale: float,
+    gqa: bool,
+) -> Callable[[], Any]:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        env = _indices(kernel, b, h, q_idx, kv_idx)
+        keep = evaluate(kernel.masks[0], env, sizes, params, tensors)
+        for mask in kernel.masks[1:]:
+            keep = keep & evaluate(mask, env, sizes, params, tensors)
+        return keep
+
+    def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        env = _indices(kernel, b, h, q_idx, kv_idx)
+        for mod in kernel.score_mods:
+            score = evaluate(mod, env, sizes, params, tensors, score)
+        return score
+
+    block_mask = None
+    if kernel.masks:
+        used = set().union(*(indices_of(m) for m in kernel.masks))
+        batch = [a.index for a in kernel.batch_axes]
+        block_mask = create_block_mask(
+            mask_mod,
+            q.shape[0] if batch[0] in used else None,
+            q.shape[1] if batch[1] in used else None,
+            q.shape[2],
+            k.shape[2],
+            device="cuda",
+        )
+    compiled = torch.compile(flex_attention)
+    mod = score_mod if kernel.score_mods else None
+    return lambda: compiled(
+        q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, enable_gqa=gqa
+    )
+
+
+def bench_spec(
+    spec: str, shapes: list[Shape] | None, dtype: str, against: list[str], documents: int = 4
+) -> list[Row]:
+    import triton.testing
+
+    kernel = attncc.compile(spec)
+    rows = []
+    for shape in shapes or default_shapes(kernel.ir):
+        sizes = sizes_for(kernel.ir, shape)
+        inputs = bench_inputs(kernel.ir, sizes, DTYPES[dtype], documents)
+        params = kernel.param_defaults(sizes)
+        fraction = visible_fraction(kernel.ir, sizes, params, inputs)
+        rows_m = sizes[kernel.ir.query_axis.dim] if kernel.ir.query_axis else 1
+        heads = math.prod(sizes[a.dim] for a in kernel.ir.batch_axes)
+        flops = 4 * heads * rows_m * sizes[kernel.ir.key_axis.dim] * shape.head_dim * fraction
+
+        ordered = [inputs[name] for name in kernel.input_names]
+
+        def run(ordered: list[torch.Tensor] = ordered) -> Any:
+            return kernel(*ordered)
+
+        ms = float(triton.testing.do_bench(run, return_mode="median"))
+        kv_bytes = sum(
+            inputs[t].numel() * inputs[t].element_size()
+            for t in (kernel.ir.key.tensor, kernel.ir.value.tensor)
+        )
+        tbps = kv_bytes * fraction / (ms * 1e-3) / 1e12 if kernel.ir.query_axis is None else None
+        row = Row(kernel.name, str(shape), dtype, ms, flops / (ms * 1e-3) / 1e12, tbps)
+        for name, runner in anchor_runners(kernel.ir, inputs, sizes, params, against).items():
+            if runner is None:
+                row.anchors[name] = None
+                continue
+            try:
+                anchor_ms = float(triton.testing.do_bench(runner, return_mode="median"))
+                row.anchors[name] = flops / (anchor_ms * 1e-3) / 1e12
+            except Exception as err:  # an anchor that cannot run this shape is reported, not fatal
+                print(f"  {name} failed on {shape}: {type(err).__name__}: {str(err)[:200]}")
+                row.anchors[name] = None
+        rows.append(row)
+    return rows
+
+
+def format_rows(rows: list[Row], against: list[str]) -> str:
+    header = ["spec", "shape", "dtype", "ms", "TFLOP/s", "TB/s"]
+    for name in against:
+        header += [name, f"x{name}"]
+    table = [header]
+    for r in rows:
+        line = [r.spec, r.shape, r.dtype, f"{r.ms:.3f}", f"{r.tflops:.1f}"]
+        line.append(f"{r.tbps:.2f}" if r.tbps is not None else "-")
+        for name in against:
+            value = r.anchors.get(name)
+            line += ["-", "-"] if value is None else [f"{value:.1f}", f"{r.tflops / value:.2f}"]
+        table.append(line)
+    return format_table(table)
+
+
+def main(args: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        print("attncc bench: needs a CUDA GPU")
+        return 2
+    against = [a for a in args.against.split(",") if a]
+    unknown = [a for a in against if a not in ANCHORS]
+    if unknown:
+        print(
+            f"attncc bench: unknown anchor {', '.join(unknown)}; choose from {', '.join(ANCHORS)}"
+        )
+        return 2
+    shapes = [Shape.parse(s) for s in args.shapes.split(";") if s] or None
+    rows = bench_spec(args.spec, shapes, args.dtype, against)
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(format_rows(rows, against))
+    if getattr(args, "json", None):
+        with open(args.json, "a") as f:
+            for row in rows:
+                f.write(json.dumps(asdict(row)) + "\n")
+    return 0

@@ -1,0 +1,93 @@
+"""Evaluate IR expressions with torch ops: the FlexAttention score_mod / mask_mod of a spec.
+
+The benchmark compares every spec against ``torch.compile(flex_attention)`` running the
+same math; these callbacks are built from the IR (no source text, no ``eval``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from attncc.ir import nodes as ir
+
+_FUNCS: dict[str, Callable[..., Any]] = {
+    "exp": torch.exp,
+    "log": torch.log,
+    "tanh": torch.tanh,
+    "sqrt": torch.sqrt,
+    "abs": torch.abs,
+    "min": torch.minimum,
+    "max": torch.maximum,
+    "where": torch.where,
+}
+
+
+def _tensor(x: Any) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.tensor(x)
+
+
+def _binary(op: str, a: Any, b: Any, integer: bool) -> Any:
+    if op == "/" and integer:
+        if isinstance(a, int) and isinstance(b, int):
+            q = abs(a) // abs(b)
+            return q if (a >= 0) == (b >= 0) else -q
+        return torch.div(_tensor(a), _tensor(b), rounding_mode="trunc")
+    if op == "%" and integer:
+        return a - _binary("/", a, b, True) * b
+    if op == "and":
+        return a & b
+    if op == "or":
+        return a | b
+    return {
+        "+": lambda: a + b,
+        "-": lambda: a - b,
+        "*": lambda: a * b,
+        "/": lambda: a / b,
+        "==": lambda: a == b,
+        "!=": lambda: a != b,
+        "<": lambda: a < b,
+        "<=": lambda: a <= b,
+        ">": lambda: a > b,
+        ">=": lambda: a >= b,
+    }[op]()
+
+
+def evaluate(
+    expr: ir.Expr,
+    indices: Mapping[str, Any],
+    sizes: Mapping[str, int],
+    params: Mapping[str, Any],
+    tensors: Mapping[str, torch.Tensor],
+    score: Any = None,
+) -> Any:
+    def ev(e: ir.Expr) -> Any:
+        match e:
+            case ir.Const(value=value):
+                return value
+            case ir.Index(name=name):
+                return indices[name]
+            case ir.Dim(name=name):
+                return sizes[name]
+            case ir.Param(name=name):
+                return params[name]
+            case ir.Score():
+                return score
+            case ir.Load(tensor=name, indices=subs):
+                return tensors[name][tuple(ev(s) for s in subs)]
+            case ir.Unary(op="neg", operand=x):
+                return -ev(x)
+            case ir.Unary(op="not", operand=x):
+                value = ev(x)
+                return ~value if isinstance(value, torch.Tensor) else not value
+            case ir.BinOp(op=op, left=a, right=b):
+                integer = a.type == "int" and b.type == "int"
+                return _binary(op, ev(a), ev(b), integer)
+            case ir.Call(func=func, args=args):
+                values = [_tensor(ev(a)) if func != "where" else ev(a) for a in args]
+                return _FUNCS[func](*values)
+        raise AssertionError(e)
+
+    return ev(expr)
