@@ -155,6 +155,7 @@ def test_bool_input_in_a_mask() -> None:
 
 
 def test_comments_blank_lines_and_indentation_are_ignored() -> None:
-    text = (HEADER + SCORES + TAIL).replace("\n", "   # note\n\n").replace("mask", "  mask")
-    checked = check(parse(text))
+    text = (HEADER + SCORES + "mask m >= n\n" + TAIL).replace("\n", "   # note\n\n")
+    checked = check(parse(text.replace("mask", "  \tmask")))
     assert checked.output == "o"
+    assert checked.masks[0].span.line == 13

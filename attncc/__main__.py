@@ -1,0 +1,5 @@
+import sys
+
+from attncc.cli import main
+
+sys.exit(main())

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Everything attncc does on a GPU, in one device call: GPU tests, `attncc check` of every
+# example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
+# Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+#
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [startup]   (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/attncc_gpu_out}
+mkdir -p "$OUT"
+if [ -d .whl ] && ! python3 -c "import lark" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+export ATTNCC_CACHE_DIR=${ATTNCC_CACHE_DIR:-/tmp/attncc_cache}
+steps=${*:-tests check bench startup}
+has() { [[ " $steps " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+
+if has tests; then
+    python3 -m pytest -q -m gpu tests/gpu -x 2>&1 | tee "$OUT/gpu_tests.log" | tail -5
+fi
+
+if has check; then
+    for spec in examples/*.attn; do
+        python3 -m attncc check "$spec" --device cuda --trials 4 --max-len 1024 || echo "CHECK FAILED: $spec"
+    done > "$OUT/check.log" 2>&1
+    grep -E "passed|FAILED" "$OUT/check.log"
+fi
+
+bench() {  # bench SPEC SHAPES DTYPE
+    python3 -m attncc bench "$1" --shapes "$2" --dtype "$3" --json "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/bench.log"
+}
+if has quick; then
+    for spec in fused causal sliding_window alibi softcap document_mask gqa_causal; do
+        shapes="4,16,4096,128"
+        [ "$spec" = gqa_causal ] && shapes="2,32:8,4096,128"
+        bench "examples/$spec.attn" "$shapes" bf16
+    done
+    bench examples/decode.attn "1,32:8,8192,128;8,32:8,8192,128;8,32:8,32768,128" bf16
+fi
+if has bench; then
+    long="16,16,1024,128;8,16,2048,128;4,16,4096,128;2,16,8192,128;1,16,16384,128"
+    for spec in fused causal sliding_window alibi softcap document_mask; do
+        bench "examples/$spec.attn" "$long" bf16
+    done
+    bench examples/gqa_causal.attn "8,32:8,2048,128;2,32:8,4096,128;1,32:8,8192,128" bf16
+    bench examples/causal.attn "8,32,2048,64;4,32,4096,64;4,16,4096,96;4,16,4096,256" bf16
+    bench examples/fused.attn "8,32,2048,64;4,32,4096,64" bf16
+    bench examples/causal.attn "4,16,4096,128;2,16,8192,128" fp16
+    bench examples/fused.attn "4,16,4096,128" fp16
+    bench examples/decode.attn "1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128" bf16
+fi
+
+if has startup; then
+    # cold: empty attncc and Triton caches; warm: a second process reusing both
+    rm -rf /tmp/startup_cache && export ATTNCC_CACHE_DIR=/tmp/startup_cache/attncc TRITON_CACHE_DIR=/tmp/startup_cache/triton
+    python3 benchmarks/startup.py examples/gqa_causal.attn cold | tee -a "$OUT/startup.log"
+    python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup.log"
+fi
+
+echo "== summary"
+[ -f "$OUT/gpu_tests.log" ] && tail -1 "$OUT/gpu_tests.log"
+[ -f "$OUT/bench.log" ] && grep -vE "^(device|spec)" "$OUT/bench.log" | cut -c1-200
+exit 0

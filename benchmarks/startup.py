@@ -1,0 +1,30 @@
+"""Time from `attncc.compile` to the first finished call on the GPU (one process).
+
+Run twice by gpu_suite.sh: first with empty caches (cold compile, Triton JIT included),
+then warm (a new process reusing the on-disk attncc and Triton caches).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+start = time.perf_counter()
+import torch  # noqa: E402
+
+import attncc  # noqa: E402
+
+imported = time.perf_counter()
+spec, label = sys.argv[1], sys.argv[2]
+kernel = attncc.compile(spec)
+compiled = time.perf_counter()
+q = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.bfloat16)
+kv = torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16)
+kernel(q, kv, kv)
+torch.cuda.synchronize()
+done = time.perf_counter()
+print(
+    f"{label}: import {imported - start:.2f} s, attncc.compile {compiled - imported:.3f} s, "
+    f"first call (Triton JIT or cache load) {done - compiled:.2f} s, "
+    f"compile + first call {done - imported:.2f} s"
+)

@@ -1,0 +1,49 @@
+"""The CPU suite's properties at realistic sizes on a CUDA GPU (compiled kernels).
+
+Run on the device by benchmarks/gpu_suite.sh; without a GPU every test here is skipped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import attncc
+from attncc.checking import check, table
+from attncc.reference import reference
+
+pytestmark = pytest.mark.gpu
+
+EXAMPLE_DIR = Path(__file__).parents[2] / "examples"
+EXAMPLES = sorted(str(p) for p in EXAMPLE_DIR.glob("*.attn"))
+
+
+@pytest.mark.parametrize("schedule", ["fused", "naive"])
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: Path(p).stem)
+def test_example_matches_reference_on_gpu(path: str, schedule: str) -> None:
+    kernel = attncc.compile(path, schedule=schedule)
+    results = check(kernel, trials=4, seed=11, device="cuda", max_len=700)
+    assert all(r.ok for r in results), table(results)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: Path(p).stem)
+def test_long_sequences_on_gpu(path: str) -> None:
+    """Lengths past 1k cross many key tiles and the causal diagonal at several offsets."""
+    kernel = attncc.compile(path)
+    results = check(kernel, trials=3, seed=5, device="cuda", dtypes=(torch.bfloat16,), max_len=1500)
+    assert all(r.ok for r in results), table(results)
+
+
+def test_torch_compile_fullgraph_on_gpu() -> None:
+    kernel = attncc.compile(EXAMPLE_DIR / "causal.attn")
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+    @torch.compile(fullgraph=True)
+    def layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return kernel(q * 1.0, k, v) + 1.0
+
+    out = layer(q, k, v)
+    expected = torch.from_numpy(reference(kernel.spec)(q.cpu(), k.cpu(), v.cpu())) + 1.0
+    assert (out.float().cpu() - expected.float()).abs().max() < 2e-2
