@@ -1,7 +1,10 @@
 """Shared pytest set-up."""
 
+import os
 import sys
 from pathlib import Path
+
+from hypothesis import HealthCheck, settings
 
 # `make` installs attncc editable; this lets a bare `.venv/bin/pytest` in a fresh checkout import
 # it too (pytest puts tests/, not the repository root, on sys.path).
@@ -21,3 +24,21 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# Hypothesis profiles: "fast" (default, CI on the CPU interpreter) and "gpu" (many more examples,
+# for a machine with a GPU). Pick one with HYPOTHESIS_PROFILE=gpu.
+settings.register_profile(
+    "fast",
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "gpu",
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))

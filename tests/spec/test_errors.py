@@ -106,6 +106,28 @@ SYNTAX = [
         "close the parenthesis",
     ),
     Case(
+        "missing-paren-in-call",
+        edit(("* v[b, g, n, d]", "* max(v[b, g, n, d], 0.0")),
+        "11:55",
+        "missing ')'",
+        "close the parenthesis",
+    ),
+    Case(
+        # lark's match_examples crashed on these two (formatting its parser state with %d)
+        "missing-paren-in-first-statement",
+        "attention a\no[b] = f(b, d\n",
+        "2:14",
+        "missing ')'",
+        "close the parenthesis",
+    ),
+    Case(
+        "missing-comma-after-a-blank-first-line",
+        "\nattention a\ndims B, H M\n",
+        "3:11",
+        "unexpected 'M'",
+        "expected ',', end of line",
+    ),
+    Case(
         "param-without-type",
         edit(("param scale: f32 = 1 / sqrt(D)", "param scale = 1 / sqrt(D)")),
         "6:13",

@@ -59,7 +59,7 @@ def mutated_example(draw: st.DrawFn) -> str:
     return text
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_example())
 def test_mutated_examples_check_or_fail_cleanly(text: str) -> None:
     try:

@@ -1,0 +1,186 @@
+"""Golden generated source, and the template rules of STYLE.md (headers, StrictUndefined).
+
+A golden mismatch fails with a unified diff. To accept a deliberate change, regenerate:
+
+    ATTNCC_UPDATE_GOLDEN=1 .venv/bin/pytest tests/codegen tests/ir
+
+and review the diff of ``tests/golden`` like code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+
+import jinja2
+import pytest
+from jinja2 import meta
+
+import attncc
+from attncc.api import build
+from attncc.codegen import triton as triton_backend
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden"
+EXAMPLES = ROOT / "examples"
+UPDATE = os.environ.get("ATTNCC_UPDATE_GOLDEN") == "1"
+
+
+def assert_golden(actual: str, path: Path) -> None:
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(actual)
+        return
+    if not path.exists():
+        pytest.fail(f"no golden file {path}; create it with ATTNCC_UPDATE_GOLDEN=1")
+    expected = path.read_text()
+    if actual != expected:
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                actual.splitlines(keepends=True),
+                fromfile=str(path.relative_to(ROOT)),
+                tofile="generated now",
+            )
+        )
+        pytest.fail(
+            f"{path.name} differs from the golden file:\n{diff}\n"
+            "If the change is intended, regenerate with "
+            "ATTNCC_UPDATE_GOLDEN=1 .venv/bin/pytest tests/codegen tests/ir",
+            pytrace=False,
+        )
+
+
+# (example, schedule): the fused GQA kernel and the materialised naive one
+GOLDEN_SOURCES = [("gqa_causal", "fused"), ("naive", "naive")]
+
+
+@pytest.mark.parametrize(("name", "schedule"), GOLDEN_SOURCES)
+def test_generated_source_is_golden(name: str, schedule: str) -> None:
+    # the relative path keeps the header free of this checkout's location
+    built = build(EXAMPLES / f"{name}.attn", schedule=schedule)  # type: ignore[arg-type]
+    assert built.ir.schedule == schedule
+    assert_golden(built.source, GOLDEN / f"{name}.{schedule}.py.txt")
+
+
+def test_generated_source_is_deterministic() -> None:
+    first = build(EXAMPLES / "gqa_causal.attn").source
+    assert first == build(EXAMPLES / "gqa_causal.attn").source
+    header = first.splitlines()[0]
+    assert f"attncc {attncc.__version__}" in header and "'gqa_causal'" in header
+
+
+def test_generated_source_compiles_for_every_example() -> None:
+    for path in sorted(EXAMPLES.glob("*.attn")):
+        for schedule in ("naive", "fused"):
+            source = build(path, schedule=schedule).source  # type: ignore[arg-type]
+            compile(source, f"{path.stem}.{schedule}.py", "exec")
+
+
+# ----------------------------------------------------------------------------- templates
+
+TEMPLATES = sorted(p.name for p in triton_backend.TEMPLATE_DIR.glob("*.jinja"))
+HEADER = re.compile(r"\A\{#-?(.*?)-?#\}", re.S)
+
+
+def own_variables(env: jinja2.Environment, template: str) -> set[str]:
+    source = env.loader.get_source(env, template)[0]  # type: ignore[union-attr]
+    return meta.find_undeclared_variables(env.parse(source))
+
+
+def all_variables(env: jinja2.Environment, template: str) -> set[str]:
+    """The template's variables and those of every template it extends or includes."""
+    names: set[str] = set()
+    todo, seen = [template], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        source = env.loader.get_source(env, name)[0]  # type: ignore[union-attr]
+        names |= meta.find_undeclared_variables(env.parse(source))
+        todo += [t for t in meta.find_referenced_templates(env.parse(source)) if t]
+    return names
+
+
+def test_environment_follows_the_house_rules() -> None:
+    env = triton_backend.environment()
+    assert env.undefined is jinja2.StrictUndefined
+    assert env.trim_blocks and env.lstrip_blocks
+    assert {"base.py.jinja", "host.py.jinja", "fused.py.jinja", "naive.py.jinja"} <= set(TEMPLATES)
+
+
+FUSED_HEADER_GAPS = pytest.mark.xfail(
+    strict=True,
+    reason="templates/triton/fused.py.jinja's header does not name batch_programs, "
+    "host_key_size, k_name, key_dim, o_name, rows_host (and names batch_dims and rows_dim, "
+    "which no context provides)",
+)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [pytest.param(t, marks=FUSED_HEADER_GAPS) if t == "fused.py.jinja" else t for t in TEMPLATES],
+)
+def test_template_header_names_its_variables(template: str) -> None:
+    env = triton_backend.environment()
+    source = env.loader.get_source(env, template)[0]  # type: ignore[union-attr]
+    header = HEADER.match(source)
+    assert header, f"{template} must open with a {{# ... #}} header comment"
+    named = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", header.group(1)))
+    missing = own_variables(env, template) - named
+    assert not missing, f"{template}'s header does not name {sorted(missing)}"
+
+
+def context(schedule: str) -> tuple[str, dict[str, object]]:
+    checked, kernel = attncc.optimise(EXAMPLES / "gqa_causal.attn", schedule)  # type: ignore[arg-type]
+    values = triton_backend._Context(kernel, checked.spec.source).fused()
+    return f"{schedule}.py.jinja", values
+
+
+@pytest.mark.parametrize("schedule", ["fused", "naive"])
+def test_rendering_the_full_context_matches_render(schedule: str) -> None:
+    template, values = context(schedule)
+    env = triton_backend.environment()
+    checked, kernel = attncc.optimise(EXAMPLES / "gqa_causal.attn", schedule)  # type: ignore[arg-type]
+    assert env.get_template(template).render(**values) == triton_backend.render(
+        kernel, checked.spec.source
+    ).source
+
+
+@pytest.mark.parametrize("schedule", ["fused", "naive"])
+def test_rendering_without_any_variable_raises(schedule: str) -> None:
+    template, values = context(schedule)
+    env = triton_backend.environment()
+    names = all_variables(env, template)
+    assert names <= set(values), f"the context lacks {sorted(names - set(values))}"
+    for name in sorted(names):
+        partial = {k: v for k, v in values.items() if k != name}
+        with pytest.raises((jinja2.UndefinedError, TypeError)):
+            env.get_template(template).render(**partial)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="StrictUndefined does not reach the tojson filter: rendering fused/naive without "
+    "head_dim or value_dim (used as `{{ head_dim | tojson }}`) raises json's 'TypeError: "
+    "Object of type StrictUndefined is not JSON serializable', which names no variable",
+)
+@pytest.mark.parametrize("schedule", ["fused", "naive"])
+def test_a_missing_variable_is_named(schedule: str) -> None:
+    template, values = context(schedule)
+    env = triton_backend.environment()
+    for name in sorted(all_variables(env, template)):
+        partial = {k: v for k, v in values.items() if k != name}
+        with pytest.raises(jinja2.UndefinedError, match=f"'{name}' is undefined"):
+            env.get_template(template).render(**partial)
+
+
+def test_strict_undefined_on_a_plain_template() -> None:
+    env = triton_backend.environment()
+    with pytest.raises(jinja2.UndefinedError, match="'block_m' is undefined"):
+        env.from_string("BLOCK_M = {{ block_m }}\n").render()
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{% for x in items %}{{ x }}{% endfor %}").render()
