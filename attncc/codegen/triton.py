@@ -46,6 +46,18 @@ def _and(parts: list[str]) -> str | None:
     return " & ".join(f"({p})" for p in parts)
 
 
+def _can_meet(op: str, row_lo: str, row_hi: str, key_lo: str, key_hi: str) -> str:
+    """Whether some row value and some key value of the tile can satisfy ``row <op> key``."""
+    return {
+        "==": f"({key_hi} >= {row_lo}) & ({key_lo} <= {row_hi})",
+        "!=": f"~(({row_lo} == {row_hi}) & ({key_lo} == {key_hi}) & ({row_lo} == {key_lo}))",
+        "<": f"{row_lo} < {key_hi}",
+        "<=": f"{row_lo} <= {key_hi}",
+        ">": f"{row_hi} > {key_lo}",
+        ">=": f"{row_hi} >= {key_lo}",
+    }[op]
+
+
 def _nested(func: str, parts: list[str], default: str) -> str:
     if not parts:
         return default
@@ -128,6 +140,38 @@ class _Context:
             "full_lo": clamp([at(b, "max") for b in plan.lower], "tl.maximum", "0"),
             "full_hi": clamp([at(b, "min") for b in plan.upper], "tl.minimum", key_size),
         }
+
+    def tile_tests(self) -> tuple[list[str], list[str]]:
+        """Lines before the key loop (row value ranges) and per key tile (``tile_live``)."""
+        plan = self.k.mask_plan
+        assert plan is not None
+        if not plan.separable:
+            return [], []
+        indices = {a.index: cx.index_var(a.index) for a in self.k.batch_axes}
+        assert self.query is not None
+        indices[self.query] = "offs_m"
+        indices[self.key] = "offs_n"
+        env = cx.TritonEnv(indices, self.tensors, frozenset({self.query, self.key}))
+        key_size = cx.dim_var(self.k.key_axis.dim)
+        before: list[str] = []
+        inside: list[str] = [f"key_in = offs_n < {key_size}"]
+        live: list[str] = []
+        for i, sep in enumerate(plan.separable):
+            # value ranges in float64: order-preserving for the ints and floats compared
+            row, key = f"row_vals_{i}", f"key_vals_{i}"
+            before += [
+                f"{row} = ({cx.triton_expr(sep.row, env)}).to(tl.float64)",
+                f'row_lo_{i} = tl.reduce(tl.where(row_ok, {row}, float("inf")), 0, _min_combine)',
+                f'row_hi_{i} = tl.reduce(tl.where(row_ok, {row}, float("-inf")), 0, _max_combine)',
+            ]
+            inside += [
+                f"{key} = ({cx.triton_expr(sep.key, env)}).to(tl.float64)",
+                f'key_lo_{i} = tl.reduce(tl.where(key_in, {key}, float("inf")), 0, _min_combine)',
+                f'key_hi_{i} = tl.reduce(tl.where(key_in, {key}, float("-inf")), 0, _max_combine)',
+            ]
+            live.append(_can_meet(sep.op, f"row_lo_{i}", f"row_hi_{i}", f"key_lo_{i}", f"key_hi_{i}"))
+        inside.append(f"tile_live = {' & '.join(f'({c})' for c in live)}")
+        return before, inside
 
     def score_lines(self) -> tuple[list[str], list[str]]:
         env = self.env()
@@ -259,6 +303,7 @@ class _Context:
         k = self.k
         assert k.tiling is not None and k.mask_plan is not None
         prologue, score_lines = self.score_lines()
+        row_ranges, tile_tests = self.tile_tests()
         kernel_params, launch_args = self.kernel_params()
         o, lse = self.output()
         env = self.env()
@@ -291,7 +336,8 @@ class _Context:
             "v": self.operand(k.value, self.key, k.value_axis.index),
             "o": o,
             "lse": lse,
-            "prologue_lines": prologue,
+            "prologue_lines": prologue + row_ranges,
+            "tile_tests": tile_tests,
             "score_lines": score_lines,
             "bounds": self.bounds(),
             "mask_all": _and(masks) or "True",
@@ -302,12 +348,16 @@ class _Context:
             },
             "head_dim": k.head_axis.dim,
             "value_dim": k.value_axis.dim,
-            "tiling": {
-                "block_m": k.tiling.block_m,
-                "block_n": k.tiling.block_n,
-                "num_warps": k.tiling.num_warps,
-                "num_stages": k.tiling.num_stages,
-            },
+            "tiling_rules": [
+                {
+                    "max_head_dim": max_head_dim,
+                    "block_m": c.block_m,
+                    "block_n": c.block_n,
+                    "num_warps": c.num_warps,
+                    "num_stages": c.num_stages,
+                }
+                for max_head_dim, c in k.tiling.rules
+            ],
             **self.host_tables(),
         }
 

@@ -135,11 +135,21 @@ class Output:
 
 
 @dataclass(frozen=True, slots=True)
-class Tiling:
+class TileConfig:
+    """One launch configuration: tile sizes, warps per program, software-pipeline depth."""
+
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tiling:
+    """Default configurations by head dim: the first rule whose ``max_head_dim`` is at least
+    the call's head dim applies (0: any). The runtime may replace it with a tuned one."""
+
+    rules: tuple[tuple[int, TileConfig], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,16 +165,29 @@ class KeyBound:
 
 
 @dataclass(frozen=True, slots=True)
+class SeparableMask:
+    """A residual mask ``row <op> key``: one side reads the query index (and batch indices),
+    the other the key index. A tile whose row values and key values cannot satisfy it is
+    skipped whole (e.g. query and key tiles from different documents)."""
+
+    row: Expr
+    op: str
+    key: Expr
+
+
+@dataclass(frozen=True, slots=True)
 class MaskPlan:
     """Masks split into a key interval per query row and a residual checked per element.
 
     Visible keys of row m lie in [max(lower), min(upper)); ``lower``/``upper`` empty mean
-    0 and N. ``residual`` masks cannot be expressed as an interval (document ids, ...).
+    0 and N. ``residual`` masks cannot be expressed as an interval (document ids, ...);
+    ``separable`` lists those residual masks that allow skipping whole tiles.
     """
 
     lower: tuple[KeyBound, ...]
     upper: tuple[KeyBound, ...]
     residual: tuple[Expr, ...]
+    separable: tuple[SeparableMask, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,11 +82,12 @@ def kernel_str(kernel: ir.AttentionKernel) -> str:
             f"  group {kernel.group.head.index}:{kernel.group.head.dim} -> {kernel.group.kv_dim}"
         )
     if kernel.tiling is not None:
-        tiling = kernel.tiling
-        lines.append(
-            f"  tiling block_m={tiling.block_m} block_n={tiling.block_n}"
-            f" num_warps={tiling.num_warps} num_stages={tiling.num_stages}"
-        )
+        for max_head_dim, c in kernel.tiling.rules:
+            bucket = f"head dim <= {max_head_dim}" if max_head_dim else "any head dim"
+            lines.append(
+                f"  tiling ({bucket}) block_m={c.block_m} block_n={c.block_n}"
+                f" num_warps={c.num_warps} num_stages={c.num_stages}"
+            )
     if kernel.mask_plan is not None:
         plan = kernel.mask_plan
         lower = ", ".join(_bound_str(b) for b in plan.lower) or "0"
@@ -94,4 +95,8 @@ def kernel_str(kernel: ir.AttentionKernel) -> str:
         lines.append(f"  keys   from max({lower}) to min({upper})")
         for mask in plan.residual:
             lines.append(f"  per-element mask {expr_str(mask)}")
+        for sep in plan.separable:
+            lines.append(
+                f"  tile skip unless some {expr_str(sep.row)} {sep.op} some {expr_str(sep.key)}"
+            )
     return "\n".join(lines) + "\n"

@@ -89,12 +89,16 @@ def verify(kernel: ir.AttentionKernel) -> ir.AttentionKernel:
         if param.default is not None:
             check_expr(param.default, f"default of {param.name}", False, set())
     if kernel.tiling is not None:
-        t = kernel.tiling
-        for size in (t.block_m, t.block_n):
-            _require(
-                size >= 16 and size & (size - 1) == 0, f"block size {size} not a power of 2 >= 16"
-            )
-        _require(t.num_warps in (1, 2, 4, 8, 16), f"num_warps {t.num_warps}")
+        rules = kernel.tiling.rules
+        _require(bool(rules) and rules[-1][0] == 0, "the last tiling rule must cover any head dim")
+        for _, t in rules:
+            for size in (t.block_m, t.block_n):
+                _require(
+                    size >= 16 and size & (size - 1) == 0,
+                    f"block size {size} not a power of 2 >= 16",
+                )
+            _require(t.num_warps in (1, 2, 4, 8, 16), f"num_warps {t.num_warps}")
+            _require(t.num_stages >= 1, f"num_stages {t.num_stages}")
     if kernel.mask_plan is not None:
         plan = kernel.mask_plan
         for bound in (*plan.lower, *plan.upper):
@@ -103,6 +107,10 @@ def verify(kernel: ir.AttentionKernel) -> ir.AttentionKernel:
             _require(bound.expr.type == "int", "key bounds are integers")
         for mask in plan.residual:
             check_expr(mask, "residual mask", False, score_indices)
+        key_side = batch | {kernel.key_axis.index}
+        for sep in plan.separable:
+            check_expr(sep.row, "separable mask row side", False, batch | row)
+            check_expr(sep.key, "separable mask key side", False, key_side)
     if kernel.group is not None:
         _require(kernel.group.head in kernel.batch_axes, "the GQA head axis must be a batch axis")
     return kernel

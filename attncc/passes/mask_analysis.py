@@ -5,7 +5,9 @@ A comparison that is linear in the key index n with coefficient +-1 (``m >= n``,
 expression of the query index m and of per-program values. The kernel then loops over the
 keys of the interval only (empty tiles are skipped) and runs tiles inside every row's
 interval without any mask arithmetic. Masks that are no interval (document ids) remain
-per-element ``residual`` masks.
+per-element ``residual`` masks; those comparing a per-row value with a per-key value
+(``doc[b, m] == doc[b, n]``) also let whole tiles be skipped when the tile's row values and
+key values cannot meet.
 """
 
 from __future__ import annotations
@@ -180,8 +182,30 @@ class MaskAnalysis:
             else:
                 lower.extend(interval.lower)
                 upper.extend(interval.upper)
-        plan = ir.MaskPlan(tuple(lower), tuple(upper), tuple(residual))
+        batch = {a.index for a in kernel.batch_axes}
+        separable = [
+            s for s in (_separable(m, batch, key, query) for m in residual) if s is not None
+        ]
+        plan = ir.MaskPlan(tuple(lower), tuple(upper), tuple(residual), tuple(separable))
         return replace(kernel, mask_plan=plan)
+
+
+_FLIPPED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def _separable(
+    mask: ir.Expr, batch: set[str], key: str, query: str | None
+) -> ir.SeparableMask | None:
+    """``row <op> key`` with each side reading one of the query and key indices."""
+    if query is None or not (isinstance(mask, ir.BinOp) and mask.op in _FLIPPED):
+        return None
+    left, right = indices_of(mask.left), indices_of(mask.right)
+    row_side, key_side = batch | {query}, batch | {key}
+    if query in left and left <= row_side and key in right and right <= key_side:
+        return ir.SeparableMask(mask.left, mask.op, mask.right)
+    if key in left and left <= key_side and query in right and right <= row_side:
+        return ir.SeparableMask(mask.right, _FLIPPED[mask.op], mask.left)
+    return None
 
 
 def _split_and(

@@ -11,6 +11,7 @@ import torch
 
 from attncc.ir.nodes import AttentionKernel
 from attncc.runtime import op as op_registry
+from attncc.runtime.autotune import Tuner
 from attncc.runtime.jit import interpreter, load_module, module_path
 from attncc.spec import CheckedSpec
 
@@ -29,10 +30,12 @@ class Kernel:
     source: str
     entry: str
     path: Path = field(init=False)
+    tuner: Tuner = field(init=False, repr=False)
     _op: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.path = module_path(self.name, self.source)
+        self.tuner = Tuner(self.ir, self.path.stem)
         key = self.path.stem.rsplit("_", 1)[-1][:12]
         self._op = op_registry.register(self.ir, key, self._run, self._fake)
 
@@ -72,12 +75,18 @@ class Kernel:
         params = {k: v for k, v in zip(self.param_names, values, strict=True) if v is not None}
         return tensors, params
 
-    def _run(self, *args: Any, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         tensors, params = self._split(args)
+        n = len(self.input_names) + len(self.param_names)
+        return_lse = bool(kwargs.get("return_lse", args[n] if len(args) > n else False))
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
         module = self.module(interpreted=on_cpu)
-        with interpreter(on_cpu):
-            out, lse = getattr(module, self.entry)(**tensors, **params, return_lse=True)
+        if on_cpu:
+            with interpreter(True):
+                out, lse = module._forward(tensors, params, return_lse)
+        else:
+            config = self.tuner.config(module, tensors, params, return_lse)
+            out, lse = module._forward(tensors, params, return_lse, config)
         return out, lse
 
     def _fake(self, *args: Any, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:

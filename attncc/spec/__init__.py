@@ -16,8 +16,15 @@ def load(spec: str | Path | CheckedSpec) -> CheckedSpec:
     """A checked spec from spec text, a path to a ``.attn`` file, or an already checked spec."""
     if isinstance(spec, CheckedSpec):
         return spec
-    if isinstance(spec, Path) or (
-        isinstance(spec, str) and "\n" not in spec and spec.strip().endswith(".attn")
-    ):
+    if isinstance(spec, Path) or ("\n" not in spec and _names_a_file(spec)):
         return check(parse_file(spec))
     return check(parse(spec))
+
+
+def _names_a_file(text: str) -> bool:
+    if text.strip().endswith(".attn"):
+        return True
+    try:
+        return Path(text).is_file()
+    except OSError:  # e.g. a one-line spec longer than a file name may be
+        return False

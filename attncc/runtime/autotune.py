@@ -1,0 +1,135 @@
+"""Pick a launch configuration per (GPU, dtype, head dims, length bucket) by timing candidates.
+
+Results live in ``<cache>/tuning/<module>.json`` (the module name carries the content hash of
+the generated source: spec IR, options, attncc version, template text), keyed inside by GPU,
+Triton version, dtype, head dims and power-of-two length buckets, so a second process reuses
+them without tuning. ``ATTNCC_AUTOTUNE=0`` skips tuning and uses the default configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from attncc.ir.nodes import AttentionKernel, TileConfig
+from attncc.runtime.cache import atomic_write, cache_dir
+
+PREFILL_CANDIDATES = (
+    TileConfig(128, 64, 8, 3),
+    TileConfig(128, 128, 8, 3),
+    TileConfig(128, 64, 4, 3),
+    TileConfig(128, 128, 8, 2),
+    TileConfig(64, 64, 4, 3),
+    TileConfig(64, 128, 4, 3),
+    TileConfig(128, 32, 4, 4),
+    TileConfig(64, 32, 4, 2),
+)
+SINGLE_QUERY_CANDIDATES = (
+    TileConfig(16, 64, 4, 3),
+    TileConfig(16, 128, 4, 3),
+    TileConfig(16, 64, 4, 4),
+    TileConfig(16, 32, 4, 4),
+    TileConfig(16, 128, 8, 3),
+)
+
+
+def enabled() -> bool:
+    return os.environ.get("ATTNCC_AUTOTUNE", "1") != "0"
+
+
+def _as_launch(config: TileConfig) -> dict[str, int]:
+    return {
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+    }
+
+
+def _bucket(n: int) -> int:
+    return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+class Tuner:
+    """Per-kernel tuner; ``config`` is on the launch path, so repeats are one dict lookup."""
+
+    def __init__(self, kernel: AttentionKernel, module_stem: str) -> None:
+        self.kernel = kernel
+        self.path = cache_dir() / "tuning" / f"{module_stem}.json"
+        self.candidates = (
+            PREFILL_CANDIDATES if kernel.query_axis is not None else SINGLE_QUERY_CANDIDATES
+        )
+        self._by_shapes: dict[tuple[Any, ...], dict[str, int]] = {}
+        self.tuned = 0  # how many tunings this process ran (tests and the bench read it)
+
+    def key(self, sizes: dict[str, int], dtype: torch.dtype) -> str:
+        import triton
+
+        k = self.kernel
+        rows = sizes[k.query_axis.dim] if k.query_axis is not None else 1
+        return "|".join(
+            [
+                torch.cuda.get_device_name(),
+                f"triton {triton.__version__}",
+                str(dtype).removeprefix("torch."),
+                f"D={sizes[k.head_axis.dim]}",
+                f"DV={sizes[k.value_axis.dim]}",
+                f"M<={_bucket(rows)}",
+                f"N<={_bucket(sizes[k.key_axis.dim])}",
+            ]
+        )
+
+    def _load(self) -> dict[str, dict[str, int]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def config(
+        self, module: ModuleType, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
+    ) -> dict[str, int] | None:
+        if not enabled():
+            return None
+        shapes = (*((t.shape, t.dtype) for t in tensors.values()), return_lse)
+        found = self._by_shapes.get(shapes)
+        if found is not None:
+            return found
+        sizes, dtype, _ = module._check(tensors, params)
+        key = self.key(sizes, dtype)
+        stored = self._load().get(key)
+        if stored is None:
+            stored = self._tune(module, tensors, params, return_lse)
+            merged = self._load()
+            merged[key] = stored
+            atomic_write(self.path, json.dumps(merged, indent=1, sort_keys=True))
+        self._by_shapes[shapes] = stored
+        return stored
+
+    def _tune(
+        self, module: ModuleType, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
+    ) -> dict[str, int]:
+        import triton.testing
+
+        self.tuned += 1
+        best: tuple[float, dict[str, int]] | None = None
+        for candidate in self.candidates:
+            launch = _as_launch(candidate)
+            try:
+                ms = triton.testing.do_bench(
+                    lambda launch=launch: module._forward(tensors, params, return_lse, launch),
+                    warmup=5,
+                    rep=25,
+                    return_mode="median",
+                )
+            except Exception:  # a configuration this GPU cannot run (shared memory): skip it
+                continue
+            if best is None or ms < best[0]:
+                best = (float(ms), launch)
+        if best is None:
+            raise RuntimeError(f"attncc: no launch configuration of '{self.kernel.name}' ran")
+        return best[1]
