@@ -32,7 +32,7 @@ def optimise(
             f"unknown option {', '.join(unknown)}; options are {', '.join(_TILING_OPTIONS)}"
         )
     checked = load(spec)
-    passes: list[Pass] = [ChooseSchedule(schedule), GqaMapping(), MaskAnalysis(), Tile(**options)]
+    passes: list[Pass] = [GqaMapping(), MaskAnalysis(), ChooseSchedule(schedule), Tile(**options)]
     return checked, run_passes(lower(checked), passes)
 
 

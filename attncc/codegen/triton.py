@@ -17,6 +17,7 @@ from attncc.codegen import exprs as cx
 from attncc.ir import nodes as ir
 from attncc.ir.printer import expr_str
 from attncc.ir.verify import indices_of
+from attncc.passes.schedule import group_subscript
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "triton"
 LOG2E = 1.4426950408889634
@@ -169,12 +170,14 @@ class _Context:
                 f'key_lo_{i} = tl.reduce(tl.where(key_in, {key}, float("inf")), 0, _min_combine)',
                 f'key_hi_{i} = tl.reduce(tl.where(key_in, {key}, float("-inf")), 0, _max_combine)',
             ]
-            live.append(_can_meet(sep.op, f"row_lo_{i}", f"row_hi_{i}", f"key_lo_{i}", f"key_hi_{i}"))
+            live.append(
+                _can_meet(sep.op, f"row_lo_{i}", f"row_hi_{i}", f"key_lo_{i}", f"key_hi_{i}")
+            )
         inside.append(f"tile_live = {' & '.join(f'({c})' for c in live)}")
         return before, inside
 
-    def score_lines(self) -> tuple[list[str], list[str]]:
-        env = self.env()
+    def score_lines(self, env: cx.TritonEnv | None = None) -> tuple[list[str], list[str]]:
+        env = env or self.env()
         scale = cx.triton_expr(self.k.score_scale, env)
         if not self.k.score_mods:
             # log2(e) folds into the scale: one multiply per score
@@ -299,6 +302,140 @@ class _Context:
         lines += [f"    {line}" for line in self.source_text.rstrip().splitlines()]
         return lines
 
+    def split(self) -> dict[str, Any] | None:
+        """Render context of the split-KV kernels, or None when this kernel has none.
+
+        One program takes one kv head of one batch entry and one chunk of keys; its rows are
+        every (query head of the group, query) pair, so each K/V tile is read once per group.
+        """
+        k = self.k
+        if k.schedule != "split_kv" and not k.split_max_queries:
+            return None
+        group = k.group
+        head = group.head.index if group else None
+        mapping = group_subscript(k)
+        kv_head = cx.index_var(group.kv_dim) if group else None
+        program_axes = [
+            ir.Axis(group.kv_dim, group.kv_dim) if group and a.index == head else a
+            for a in k.batch_axes
+        ]
+        names = [
+            kv_head if group and a.index == group.kv_dim else cx.index_var(a.index)
+            for a in program_axes
+        ]
+        lines = ["rest = pid_batch"] if names else []
+        for axis, var in reversed(list(zip(program_axes, names, strict=True))[1:]):
+            size = cx.dim_var(axis.dim)
+            lines += [f"{var} = rest % {size}", f"rest = rest // {size}"]
+        if names:
+            lines.append(f"{names[0]} = rest")
+
+        # rows: (query head within the group, query); vectors [BLOCK_M, 1]
+        indices = {a.index: cx.index_var(a.index) for a in k.batch_axes}
+        vector = {self.key}
+        if head is not None:
+            vector.add(head)
+        if self.query:
+            vector.add(self.query)
+        indices[self.key] = cx.index_var(self.key)
+        if self.query:
+            indices[self.query] = cx.index_var(self.query)
+        env = cx.TritonEnv(indices, self.tensors, frozenset(vector))
+
+        def rows_operand(operand: ir.Operand, col: str) -> str:
+            parts = []
+            for axis, sub in enumerate(operand.indices):
+                stride = cx.stride_var(operand.tensor, axis)
+                if isinstance(sub, ir.Index) and sub.name == col:
+                    parts.append(
+                        f"offs_{'d' if col == k.head_axis.index else 'dv'}[None, :] * {stride}"
+                    )
+                else:
+                    parts.append(f"({cx.triton_expr(sub, env)}) * {stride}")
+            return " + ".join(parts)
+
+        def kv_operand(operand: ir.Operand, col: str) -> dict[str, str]:
+            base, row, col_stride = [], "0", "0"
+            for axis, sub in enumerate(operand.indices):
+                stride = cx.stride_var(operand.tensor, axis)
+                if isinstance(sub, ir.Index) and sub.name == self.key:
+                    row = stride
+                elif isinstance(sub, ir.Index) and sub.name == col:
+                    col_stride = stride
+                elif mapping is not None and sub == mapping:
+                    base.append(f"{kv_head} * {stride}")
+                else:
+                    base.append(f"({cx.triton_expr(sub, env)}) * {stride}")
+            return {"base": " + ".join(base) or "0", "row": row, "col": col_stride}
+
+        out = k.output
+        out_offset = " + ".join(
+            f"offs_dv[None, :] * {cx.stride_var(out.name, axis)}"
+            if index == k.value_axis.index
+            else f"({indices[index]}) * {cx.stride_var(out.name, axis)}"
+            for axis, index in enumerate(out.indices)
+        )
+        lse_axes = [a.index for a in k.batch_axes] + ([self.query] if self.query else [])
+        lse_offset = " + ".join(
+            f"({indices[index]}) * lse_stride_{axis}" for axis, index in enumerate(lse_axes)
+        )
+        plan = k.mask_plan
+        assert plan is not None
+
+        def at(bound: ir.KeyBound, extreme: str) -> str:
+            first_is_min = bound.slope >= 0
+            row = "m_first" if (extreme == "min") == first_is_min else "m_last"
+            local = cx.TritonEnv(
+                {**indices, **({self.query: row} if self.query else {})}, self.tensors, frozenset()
+            )
+            return cx.triton_expr(bound.expr, local)
+
+        key_size = cx.dim_var(k.key_axis.dim)
+        prologue, score_lines = self.score_lines(env)
+        masks = [cx.triton_expr(m, env) for m in k.masks]
+        residual = [cx.triton_expr(m, env) for m in plan.residual]
+        program_dims = [a.dim for a in program_axes]
+        return {
+            "kernel_fn": f"_attncc_{cx.safe_name(k.name)}_split",
+            "combine_fn": f"_attncc_{cx.safe_name(k.name)}_combine",
+            "batch_lines": lines,
+            "head_var": cx.index_var(head) if head else None,
+            "kv_head": kv_head,
+            "query_var": cx.index_var(self.query) if self.query else None,
+            "q": rows_operand(k.query, k.head_axis.index),
+            "k": kv_operand(k.key, k.head_axis.index),
+            "v": kv_operand(k.value, k.value_axis.index),
+            "o": out_offset,
+            "lse": lse_offset or "0",
+            "prologue_lines": prologue,
+            "bounds": {
+                "lo": _nested("tl.maximum", [at(b, "min") for b in plan.lower] + ["0"], "0"),
+                "hi": _nested(
+                    "tl.minimum", [at(b, "max") for b in plan.upper] + [key_size], key_size
+                ),
+                "full_lo": _nested("tl.maximum", [at(b, "max") for b in plan.lower] + ["0"], "0"),
+                "full_hi": _nested(
+                    "tl.minimum", [at(b, "min") for b in plan.upper] + [key_size], key_size
+                ),
+            },
+            "loop": {
+                "key_var": cx.index_var(k.key_axis.index),
+                "key_dim": cx.safe_name(k.key_axis.dim),
+                "k_row": kv_operand(k.key, k.head_axis.index)["row"],
+                "v_row": kv_operand(k.value, k.value_axis.index)["row"],
+                "score_lines": score_lines,
+                "mask_all": _and(masks) or "True",
+                "residual_mask": _and(residual),
+                "tile_tests": [],
+            },
+            "programs_host": " * ".join(f"sizes[{d!r}]" for d in program_dims) or "1",
+            "group_host": (
+                f"sizes[{group.head.dim!r}] // sizes[{group.kv_dim!r}]" if group else "1"
+            ),
+            "max_queries": k.split_max_queries,
+            "only": k.schedule == "split_kv",
+        }
+
     def fused(self) -> dict[str, Any]:
         k = self.k
         assert k.tiling is not None and k.mask_plan is not None
@@ -337,7 +474,16 @@ class _Context:
             "o": o,
             "lse": lse,
             "prologue_lines": prologue + row_ranges,
-            "tile_tests": tile_tests,
+            "loop": {
+                "key_var": cx.index_var(k.key_axis.index),
+                "key_dim": cx.safe_name(k.key_axis.dim),
+                "k_row": self.operand(k.key, self.key, k.head_axis.index)["row"],
+                "v_row": self.operand(k.value, self.key, k.value_axis.index)["row"],
+                "score_lines": score_lines,
+                "mask_all": _and(masks) or "True",
+                "residual_mask": _and(residual),
+                "tile_tests": tile_tests,
+            },
             "score_lines": score_lines,
             "bounds": self.bounds(),
             "mask_all": _and(masks) or "True",
@@ -358,6 +504,7 @@ class _Context:
                 }
                 for max_head_dim, c in k.tiling.rules
             ],
+            "split": self.split(),
             **self.host_tables(),
         }
 
@@ -365,9 +512,11 @@ class _Context:
 def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:
     """Generated module source for ``kernel``; its entry point is named like the spec."""
     context = _Context(kernel, source_text)
-    template = {"fused": "fused.py.jinja", "naive": "naive.py.jinja"}.get(
-        kernel.schedule or "fused", "fused.py.jinja"
-    )
+    template = {
+        "fused": "fused.py.jinja",
+        "naive": "naive.py.jinja",
+        "split_kv": "split_kv.py.jinja",
+    }[kernel.schedule or "fused"]
     values = context.fused()
     source = environment().get_template(template).render(**values)
     return Rendered(source, values["name"], template)

@@ -220,6 +220,8 @@ class AttentionKernel:
     masks: tuple[Expr, ...]
     output: Output
     schedule: Schedule | None = None
+    # fused kernels hand calls with at most this many queries to the split-KV kernels (0: never)
+    split_max_queries: int = 0
     tiling: Tiling | None = None
     mask_plan: MaskPlan | None = None
     group: GroupMapping | None = None

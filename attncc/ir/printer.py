@@ -54,7 +54,12 @@ def _bound_str(bound: ir.KeyBound) -> str:
 def kernel_str(kernel: ir.AttentionKernel) -> str:
     """A readable, stable listing of every field of the kernel."""
     lines = [f"kernel {kernel.name}"]
-    lines.append(f"  schedule {kernel.schedule or '(unset)'}")
+    split = (
+        f" (split-KV for <= {kernel.split_max_queries} queries)"
+        if kernel.schedule == "fused" and kernel.split_max_queries
+        else ""
+    )
+    lines.append(f"  schedule {kernel.schedule or '(unset)'}{split}")
     lines.append(f"  dims {', '.join(kernel.dims)}")
     for t in kernel.tensors:
         lines.append(f"  in {t.name}[{', '.join(t.dims)}]: {t.dtype}  # {t.role}")

@@ -14,7 +14,7 @@ from attncc.passes.tiling import Tile
 
 
 def default_passes(schedule: Schedule | None = None) -> list[Pass]:
-    return [ChooseSchedule(schedule), GqaMapping(), MaskAnalysis(), Tile()]
+    return [GqaMapping(), MaskAnalysis(), ChooseSchedule(schedule), Tile()]
 
 
 PASS_NAMES = tuple(p.name for p in default_passes())

@@ -4,20 +4,72 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from attncc.ir.nodes import AttentionKernel, Schedule
+from attncc.ir import nodes as ir
+from attncc.ir.verify import indices_of
+
+# Up to this many queries per sequence (decode, speculative decoding), fused kernels switch to
+# split-KV at run time: too few query rows to fill the GPU with one program per head.
+SPLIT_MAX_QUERIES = 16
+
+
+def group_subscript(kernel: ir.AttentionKernel) -> ir.Expr | None:
+    """The key subscript ``h / (H / KVH)`` of a GQA kernel."""
+    if kernel.group is None:
+        return None
+    head, kv_dim = kernel.group.head, kernel.group.kv_dim
+    return ir.BinOp(
+        "/",
+        ir.Index(head.index),
+        ir.BinOp("/", ir.Dim(head.dim), ir.Dim(kv_dim), "int"),
+        "int",
+    )
+
+
+def split_kv_blocker(kernel: ir.AttentionKernel) -> str | None:
+    """Why this kernel cannot run split-KV, or None when it can.
+
+    Split-KV gives one program all query heads of a kv head, so the query head varies across
+    the program's rows: keys and values may read it only through the GQA mapping, and the
+    visible key range may not depend on it.
+    """
+    if kernel.group is None:
+        return None
+    head = kernel.group.head.index
+    mapping = group_subscript(kernel)
+    for operand in (kernel.key, kernel.value):
+        for sub in operand.indices:
+            if sub != mapping and head in indices_of(sub):
+                return f"'{operand.tensor}' reads head index '{head}' other than through GQA"
+    assert kernel.mask_plan is not None
+    for bound in (*kernel.mask_plan.lower, *kernel.mask_plan.upper):
+        if head in indices_of(bound.expr):
+            return f"the visible key range depends on head index '{head}'"
+    return None
 
 
 @dataclass(frozen=True)
 class ChooseSchedule:
-    """Before: ``schedule`` may be None. After: it is naive, fused or split_kv.
+    """Before: ``schedule`` may be None; ``group`` and ``mask_plan`` are set.
+    After: ``schedule`` is naive, fused or split_kv, and ``split_max_queries`` says up to how
+    many queries a fused kernel dispatches to split-KV at run time.
 
     ``override`` (from ``attncc.compile(schedule=...)``) wins over the spec's `schedule` line.
-    Without either, ``fused`` is chosen: one pass over K and V with an online softmax.
+    Without either: single-query specs (decode) run split-KV; others run fused, and switch to
+    split-KV for short query lengths where split-KV can run.
     """
 
-    override: Schedule | None = None
+    override: ir.Schedule | None = None
     name: str = "choose-schedule"
 
-    def run(self, kernel: AttentionKernel) -> AttentionKernel:
-        schedule = self.override or kernel.schedule or "fused"
-        return replace(kernel, schedule=schedule)
+    def run(self, kernel: ir.AttentionKernel) -> ir.AttentionKernel:
+        chosen = self.override or kernel.schedule
+        blocker = split_kv_blocker(kernel)
+        if chosen == "split_kv" and blocker is not None:
+            raise ValueError(f"attncc {kernel.name}: cannot run split_kv: {blocker}")
+        if chosen is None:
+            chosen = "split_kv" if kernel.query_axis is None and blocker is None else "fused"
+        explicit = (self.override or kernel.schedule) is not None
+        auto_split = chosen == "fused" and not explicit and blocker is None
+        return replace(
+            kernel, schedule=chosen, split_max_queries=SPLIT_MAX_QUERIES if auto_split else 0
+        )

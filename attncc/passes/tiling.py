@@ -33,7 +33,7 @@ class Tile:
     name: str = "tiling"
 
     def run(self, kernel: AttentionKernel) -> AttentionKernel:
-        rules = PREFILL_RULES if kernel.query_axis is not None else SINGLE_QUERY_RULES
+        rules = PREFILL_RULES if kernel.schedule != "split_kv" else SINGLE_QUERY_RULES
         pinned = {
             key: value
             for key, value in (

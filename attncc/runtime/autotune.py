@@ -60,9 +60,6 @@ class Tuner:
     def __init__(self, kernel: AttentionKernel, module_stem: str) -> None:
         self.kernel = kernel
         self.path = cache_dir() / "tuning" / f"{module_stem}.json"
-        self.candidates = (
-            PREFILL_CANDIDATES if kernel.query_axis is not None else SINGLE_QUERY_CANDIDATES
-        )
         self._by_shapes: dict[tuple[Any, ...], dict[str, int]] = {}
         self.tuned = 0  # how many tunings this process ran (tests and the bench read it)
 
@@ -103,7 +100,10 @@ class Tuner:
         key = self.key(sizes, dtype)
         stored = self._load().get(key)
         if stored is None:
-            stored = self._tune(module, tensors, params, return_lse)
+            rows = sizes[self.kernel.query_axis.dim] if self.kernel.query_axis else 1
+            split = self.kernel.schedule == "split_kv" or rows <= self.kernel.split_max_queries
+            candidates = SINGLE_QUERY_CANDIDATES if split else PREFILL_CANDIDATES
+            stored = self._tune(module, tensors, params, return_lse, candidates)
             merged = self._load()
             merged[key] = stored
             atomic_write(self.path, json.dumps(merged, indent=1, sort_keys=True))
@@ -111,13 +111,18 @@ class Tuner:
         return stored
 
     def _tune(
-        self, module: ModuleType, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
+        self,
+        module: ModuleType,
+        tensors: dict[str, Any],
+        params: dict[str, Any],
+        return_lse: bool,
+        candidates: tuple[TileConfig, ...],
     ) -> dict[str, int]:
         import triton.testing
 
         self.tuned += 1
         best: tuple[float, dict[str, int]] | None = None
-        for candidate in self.candidates:
+        for candidate in candidates:
             launch = _as_launch(candidate)
             try:
                 ms = triton.testing.do_bench(

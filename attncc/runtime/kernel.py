@@ -31,11 +31,14 @@ class Kernel:
     entry: str
     path: Path = field(init=False)
     tuner: Tuner = field(init=False, repr=False)
+    _host: ModuleType = field(init=False, repr=False)
     _op: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.path = module_path(self.name, self.source)
         self.tuner = Tuner(self.ir, self.path.stem)
+        # loaded now, not on first call: torch.compile cannot trace a module import
+        self._host = load_module(self.path, interpreted=False)
         key = self.path.stem.rsplit("_", 1)[-1][:12]
         self._op = op_registry.register(self.ir, key, self._run, self._fake)
 
@@ -60,7 +63,7 @@ class Kernel:
         return tuple(p.name for p in self.ir.params)
 
     def __call__(self, *args: Any, return_lse: bool = False, **kwargs: Any) -> Any:
-        tensors, params = self.module(False)._bind(args, kwargs)
+        tensors, params = self._host._bind(args, kwargs)
         inputs = [tensors[name] for name in self.input_names]
         values = [params.get(name) for name in self.param_names]
         out, lse = self._op(*inputs, *values, return_lse=return_lse)
@@ -89,14 +92,18 @@ class Kernel:
             out, lse = module._forward(tensors, params, return_lse, config)
         return out, lse
 
-    def _fake(self, *args: Any, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fake(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         tensors, params = self._split(args)
+        n = len(self.input_names) + len(self.param_names)
+        return_lse = bool(kwargs.get("return_lse", args[n] if len(args) > n else False))
         module = self.module(False)
         sizes, dtype, device = module._check(tensors, params)
         out_dims = [sizes[d] for d in self.ir.output.dims]
         lse_dims = [sizes[a.dim] for a in self.ir.batch_axes]
         if self.ir.query_axis is not None:
             lse_dims.append(sizes[self.ir.query_axis.dim])
+        if not return_lse:
+            lse_dims = [0] * len(lse_dims)
         return (
             torch.empty(out_dims, dtype=dtype, device=device),
             torch.empty(lse_dims, dtype=torch.float32, device=device),

@@ -145,9 +145,10 @@ def test_rendering_the_full_context_matches_render(schedule: str) -> None:
     template, values = context(schedule)
     env = triton_backend.environment()
     checked, kernel = attncc.optimise(EXAMPLES / "gqa_causal.attn", schedule)  # type: ignore[arg-type]
-    assert env.get_template(template).render(**values) == triton_backend.render(
-        kernel, checked.spec.source
-    ).source
+    assert (
+        env.get_template(template).render(**values)
+        == triton_backend.render(kernel, checked.spec.source).source
+    )
 
 
 @pytest.mark.parametrize("schedule", ["fused", "naive"])

@@ -110,6 +110,8 @@ def tiled(kernel: ir.AttentionKernel, config: ir.TileConfig) -> ir.AttentionKern
 def upper_bound(kernel: ir.AttentionKernel, bound: ir.KeyBound) -> ir.AttentionKernel:
     plan = dataclasses.replace(kernel.mask_plan, upper=(bound,))  # type: ignore[type-var]
     return dataclasses.replace(kernel, mask_plan=plan)
+
+
 DOC_IR = example("document_mask")
 BROKEN = {
     "float mask": lambda k: dataclasses.replace(k, masks=(ir.Const(1.0, "float"),)),
@@ -303,7 +305,7 @@ def visible(kernel: ir.AttentionKernel, env: dict[str, Any]) -> tuple[np.ndarray
     for mask in kernel.masks:
         by_masks &= evaluate(mask, env)
     key_count = env[kernel.key_axis.dim]
-    low = np.zeros(env["shape"][:2] + (1,), dtype=np.int64)
+    low = np.zeros((*env["shape"][:2], 1), dtype=np.int64)
     high = np.full_like(low, key_count)
     for b in plan.lower:
         low = np.maximum(low, evaluate(b.expr, env))
@@ -365,6 +367,8 @@ def test_mask_plan_selects_exactly_the_masked_keys(
         "n": np.arange(n)[None, None, :],
         kernel.key_axis.dim: n,
     }
+    for axis in kernel.batch_axes[1:]:  # other batch indices: one program's scalar value
+        env[axis.index], env[axis.dim] = seed % 3, 3
     if kernel.query_axis is not None:
         env[kernel.query_axis.index] = np.arange(m)[None, :, None]
         env[kernel.query_axis.dim] = m

@@ -139,7 +139,7 @@ def judged(
 ) -> tuple[Verdict, Verdict, torch.Tensor, torch.Tensor]:
     """``evaluate``, forgiving only bfloat16 CPU errors that nearest-even rounding removes."""
     result = evaluate(kernel, inputs, params, dtype, spec)
-    if result[0].ok and result[1].ok or dtype != torch.bfloat16 or DEVICE != "cpu":
+    if (result[0].ok and result[1].ok) or dtype != torch.bfloat16 or DEVICE != "cpu":
         return result
     with rtne_bf16_casts():
         return evaluate(kernel, inputs, params, dtype, spec)

@@ -17,6 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import attncc
 from attncc.ir.nodes import AttentionKernel
 from attncc.runtime.kernel import Kernel
 
@@ -27,6 +28,7 @@ from ._support import (
     SCHEDULES,
     arrange,
     compiled,
+    example_path,
     judged,
     rtne_bf16_casts,
 )
@@ -340,3 +342,37 @@ def test_bf16_outputs_round_to_nearest(schedule: str) -> None:
     inputs = two_equal_keys(11)
     out = compiled("naive", schedule)(**inputs)
     assert torch.equal(out, nearest_bf16_mean(inputs["v"]))
+
+
+# ------------------------------------------------------------- masks the examples do not use
+
+CAUSAL_TEXT = example_path("causal").read_text()
+MASK_VARIANTS = {
+    "flipped": ("n <= m", ""),
+    "strict": ("n < m", ""),
+    "diagonal": ("n == m", ""),
+    "off the diagonal": ("n != m", ""),
+    "anti-causal": ("n >= m", ""),
+    "band": ("m - n < w and n - m < w", "param w: i32 = 40\n"),
+    "late keys or diagonal": ("n >= m or n >= w", "param w: i32 = 100\n"),
+    "opposite slopes": ("n <= m or n < M - m", ""),
+    "negated key": ("-n >= -m + 3", ""),
+    "halved key": ("n / 2 <= m", ""),
+    "per head": ("n <= h * 37 + m", ""),
+    "interval or causal": ("(n < 90 and n >= 70) or m >= n", ""),
+    "float comparison": ("m - n < 2.5", ""),
+    "not": ("not (n > m + 5)", ""),
+}
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("variant", sorted(MASK_VARIANTS))
+def test_other_masks(variant: str, schedule: str) -> None:
+    """Bounds with slope -1, lower bounds from ``or``, per-head bounds, residual-only masks."""
+    mask, params = MASK_VARIANTS[variant]
+    text = CAUSAL_TEXT.replace("mask m >= n\n", f"mask {mask}\n")
+    text = text.replace("param scale", f"{params}param scale")
+    kernel = attncc.compile(text, schedule=schedule)
+    for m, n in ((150, 150), (70, 190)):
+        sizes = {"B": 1, "H": 3, "M": m, "N": n, "D": 16}
+        assert_matches(kernel, sizes, {}, torch.float32, "contiguous", seed=m + n)
