@@ -59,9 +59,13 @@ if has bench; then
 fi
 
 if has startup; then
-    # cold: empty attncc and Triton caches; warm: a second process reusing both
-    rm -rf /tmp/startup_cache && export ATTNCC_CACHE_DIR=/tmp/startup_cache/attncc TRITON_CACHE_DIR=/tmp/startup_cache/triton
-    python3 benchmarks/startup.py examples/gqa_causal.attn cold | tee -a "$OUT/startup.log"
+    # cold: empty attncc and Triton caches (without, then with autotuning);
+    # warm: a new process reusing both caches, which must not tune again
+    export ATTNCC_CACHE_DIR=/tmp/startup_cache/attncc TRITON_CACHE_DIR=/tmp/startup_cache/triton
+    rm -rf /tmp/startup_cache
+    ATTNCC_AUTOTUNE=0 python3 benchmarks/startup.py examples/gqa_causal.attn cold-no-autotune | tee -a "$OUT/startup.log"
+    rm -rf /tmp/startup_cache
+    python3 benchmarks/startup.py examples/gqa_causal.attn cold-autotune | tee -a "$OUT/startup.log"
     python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup.log"
 fi
 
