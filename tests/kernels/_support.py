@@ -23,7 +23,11 @@ from attncc.tolerance import Verdict, compare
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = ROOT / "examples"
 EXAMPLES = tuple(sorted(p.stem for p in EXAMPLES_DIR.glob("*.attn")))
-SCHEDULES = ("naive", "fused")
+SCHEDULES = ("naive", "fused", "split_kv")
+# "default": no schedule given; fused kernels then hand short query lengths to split-KV
+ALL_SCHEDULES = ("default", *SCHEDULES)
+# split-KV runs every (query head, query) row of a kv head in one program
+SPLIT_KV_MAX_ROWS = 128
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -34,9 +38,23 @@ def example_path(name: str) -> Path:
 @cache
 def compiled(name: str, schedule: str) -> Kernel:
     """One compile per (example, schedule) per test session."""
-    kernel = attncc.compile(example_path(name), schedule=schedule)  # type: ignore[arg-type]
-    assert kernel.ir.schedule == schedule
+    chosen = None if schedule == "default" else schedule
+    kernel = attncc.compile(example_path(name), schedule=chosen)  # type: ignore[arg-type]
+    assert kernel.ir.schedule == (chosen or kernel.ir.schedule)
     return kernel
+
+
+def fit_split_kv(kernel: Kernel, sizes: dict[str, int]) -> dict[str, int]:
+    """Shorten the query length so an explicit split-KV kernel takes the shape."""
+    ir = kernel.ir
+    if ir.schedule != "split_kv" or ir.query_axis is None:
+        return sizes
+    group = 1
+    if ir.group is not None:
+        group = sizes[ir.group.head.dim] // sizes[ir.group.kv_dim]
+    sizes = dict(sizes)
+    sizes[ir.query_axis.dim] = min(sizes[ir.query_axis.dim], SPLIT_KV_MAX_ROWS // group)
+    return sizes
 
 
 def numpy64(t: torch.Tensor) -> np.ndarray:

@@ -16,6 +16,12 @@ from attncc.reference import reference
 
 from ._support import compiled
 
+# Triton 3.6's interpreter calls int() on one-element arrays (deprecated since NumPy 1.25)
+# thousands of times per test; the warning is Triton's, not attncc's.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
+)
+
 
 def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
