@@ -72,6 +72,13 @@ def draw_sizes(
         kv = int(rng.integers(1, 3))
         sizes[kernel.group.kv_dim] = kv
         sizes[kernel.group.head.dim] = kv * int(rng.integers(1, 4))
+    if kernel.schedule == "split_kv" and kernel.query_axis is not None:
+        # split-KV holds every (query head of a group, query) row in one tile: at most 128
+        group = sizes[kernel.group.head.dim] // sizes[kernel.group.kv_dim] if kernel.group else 1
+        query = kernel.query_axis.dim
+        sizes[query] = min(sizes[query], 128 // group)
+        if kernel.key_axis.dim == query:
+            sizes[kernel.key_axis.dim] = sizes[query]
     return sizes
 
 

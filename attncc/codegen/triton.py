@@ -23,8 +23,17 @@ TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "triton"
 LOG2E = 1.4426950408889634
 
 
+def _python_literal(value: Any) -> str:
+    """The ``py`` filter: a value as a Python literal (names go into host code quoted)."""
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()
+    if not isinstance(value, str | int | float | bool | type(None)):
+        raise TypeError(f"py filter: {type(value).__name__} is not a literal")
+    return repr(value)
+
+
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -32,6 +41,8 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["py"] = _python_literal
+    return env
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,8 @@ class Kernel:
 
     def __call__(self, *args: Any, return_lse: bool = False, **kwargs: Any) -> Any:
         tensors, params = self._host._bind(args, kwargs)
+        # the generated checks name the spec input; the op's schema would only say "Tensor"
+        self._host._check(tensors, params)
         inputs = [tensors[name] for name in self.input_names]
         values = [params.get(name) for name in self.param_names]
         out, lse = self._op(*inputs, *values, return_lse=return_lse)

@@ -74,43 +74,30 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], tuple[str, ...]]] = [
     ("too many inputs", lambda: gqa(Q, K, V, V), TypeError, ("3 inputs", "got 4")),
 ]
 
-NOT_YET = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Kernel.__call__ (attncc/runtime/kernel.py) binds the arguments but calls the torch "
-    "op before the generated _check, so what the op's schema rejects (a float for 'int? "
-    "p_window', a string for 'float? p_scale', a numpy array for 'Tensor t_k') is a "
-    "RuntimeError from the dispatcher (printing the whole array), and True for an int param "
-    "is silently taken as 1",
-)
 PARAM_CASES = [
     pytest.param(
         "not a tensor",
         lambda: gqa(Q, K.numpy(), V),
         TypeError,
         ("'k'", "torch.Tensor"),
-        marks=NOT_YET,
     ),
     pytest.param(
         "i32 param given a float",
         lambda: window(X, X, X, window=2.5),
         TypeError,
         ("'window'", "int", "2.5"),
-        marks=NOT_YET,
     ),
     pytest.param(
         "i32 param given a bool",
         lambda: window(X, X, X, window=True),
         TypeError,
         ("'window'", "int", "True"),
-        marks=NOT_YET,
     ),
     pytest.param(
         "f32 param given a string",
         lambda: window(X, X, X, scale="0.5"),
         TypeError,
         ("'scale'",),
-        marks=NOT_YET,
     ),
 ]
 
@@ -147,7 +134,7 @@ def test_wrong_arguments_raise_a_clear_error(
 
 
 def test_the_generated_module_rejects_a_float_for_an_i32_param() -> None:
-    """The module's own check is right: only the Kernel path skips it (see NOT_YET)."""
+    """The generated module's own check, which the Kernel runs before the torch op."""
     module = window.module(interpreted=False)
     tensors, params = module._bind((X, X, X), {"window": 2.5})
     with pytest.raises(TypeError, match=r"param 'window' is i32 and must be an int, got 2\.5"):

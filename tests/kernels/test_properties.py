@@ -34,10 +34,9 @@ from ._support import (
     SCHEDULES,
     arrange,
     compiled,
+    evaluate,
     example_path,
     fit_split_kv,
-    judged,
-    rtne_bf16_casts,
 )
 
 # Triton 3.6's interpreter calls int() on one-element arrays (deprecated since NumPy 1.25)
@@ -147,7 +146,7 @@ def assert_matches(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     sizes = fit_split_kv(kernel, sizes)
     inputs = make_inputs(kernel.ir, sizes, dtype, layout, seed, zero_lengths)
-    out_v, lse_v, out, lse = judged(kernel, inputs, params, dtype)
+    out_v, lse_v, out, lse = evaluate(kernel, inputs, params, dtype)
     where = fmt(sizes, params, dtype, layout)
     assert out_v.ok, f"output: {out_v} for {where}"
     assert lse_v.ok, f"lse: {lse_v} for {where}"
@@ -257,7 +256,7 @@ def test_decode_with_empty_cache(n: int, schedule: str) -> None:
     sizes = {"B": 4, "H": 4, "KVH": 2, "N": n, "D": 64}
     inputs = make_inputs(kernel.ir, sizes, torch.bfloat16, "strided", seed=n, zero_lengths=True)
     inputs["cache_len"][1::2] = torch.tensor([n, max(1, n // 2)], dtype=torch.int32)
-    out_v, lse_v, out, lse = judged(kernel, inputs, {}, torch.bfloat16)
+    out_v, lse_v, out, lse = evaluate(kernel, inputs, {}, torch.bfloat16)
     assert out_v.ok and lse_v.ok, (out_v, lse_v)
     masked = (inputs["cache_len"].cpu() == 0)[:, None].expand(4, 4)
     assert_masked_rows(out.cpu().float(), lse.cpu(), masked)
@@ -335,23 +334,7 @@ def nearest_bf16_mean(v: torch.Tensor) -> torch.Tensor:
     return ((v[..., 0, :].float() + v[..., 1, :].float()) / 2).bfloat16()[..., None, :]
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_bf16_rounding_emulation(schedule: str) -> None:
-    """Under ``rtne_bf16_casts`` the interpreter rounds like torch (and a GPU)."""
-    inputs = two_equal_keys(11)
-    with rtne_bf16_casts():
-        out = compiled("naive", schedule)(**inputs)
-    assert torch.equal(out, nearest_bf16_mean(inputs["v"]))
-
-
 @pytest.mark.skipif(DEVICE != "cpu", reason="the Triton interpreter only")
-@pytest.mark.xfail(
-    strict=True,
-    reason="Triton 3.6's interpreter truncates float32 -> bfloat16 casts (InterpreterBuilder."
-    "cast_impl passes no rounding mode); GPUs round to nearest even. attncc patches the "
-    "interpreter's bf16 dot (host.py.jinja, _patch_interpreter_bf16_dot) but not this cast, so "
-    "bf16 outputs on the CPU carry up to 1 ulp of error instead of 1/2.",
-)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_bf16_outputs_round_to_nearest(schedule: str) -> None:
     inputs = two_equal_keys(11)
@@ -418,13 +401,15 @@ def test_strided_integer_inputs(schedule: str) -> None:
     decode = compiled("decode", schedule)
     q, k, v = (torch.randn(s, generator=gen) for s in ((4, 4, 16), (4, 30, 2, 16), (4, 30, 2, 16)))
     lengths = torch.tensor([3, 99, 0, 99, 30, 99, 7, 99], dtype=torch.int32)[::2]
-    out_v, lse_v, _, _ = judged(decode, {"q": q, "k": k, "v": v, "cache_len": lengths}, {}, q.dtype)
+    out_v, lse_v, _, _ = evaluate(
+        decode, {"q": q, "k": k, "v": v, "cache_len": lengths}, {}, q.dtype
+    )
     assert out_v.ok and lse_v.ok, (out_v, lse_v)
     documents = compiled("document_mask", schedule)
     x = torch.randn(2, 2, 30, 16, generator=gen)
     ids = torch.randint(0, 4, (2, 60), generator=gen, dtype=torch.int32).sort(-1).values[:, ::2]
     assert not ids.is_contiguous()
-    out_v, lse_v, _, _ = judged(
+    out_v, lse_v, _, _ = evaluate(
         documents, {"q": x, "k": x, "v": x.flip(-1), "doc": ids}, {}, x.dtype
     )
     assert out_v.ok and lse_v.ok, (out_v, lse_v)
@@ -437,6 +422,6 @@ def test_cache_lengths_outside_the_cache(schedule: str) -> None:
     sizes = {"B": 4, "H": 4, "KVH": 2, "N": 30, "D": 16}
     inputs = make_inputs(kernel.ir, sizes, torch.float16, "contiguous", seed=9)
     inputs["cache_len"] = torch.tensor([-3, 31, 1000, 29], dtype=torch.int32)
-    out_v, lse_v, out, lse = judged(kernel, inputs, {}, torch.float16)
+    out_v, lse_v, out, lse = evaluate(kernel, inputs, {}, torch.float16)
     assert out_v.ok and lse_v.ok, (out_v, lse_v)
     assert torch.all(lse[0] == float("-inf")) and torch.all(out[0] == 0)
