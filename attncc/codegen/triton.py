@@ -437,7 +437,6 @@ class _Context:
                 "score_lines": score_lines,
                 "mask_all": _and(masks) or "True",
                 "residual_mask": _and(residual),
-                "tile_tests": [],
             },
             "programs_host": " * ".join(f"sizes[{d!r}]" for d in program_dims) or "1",
             "group_host": (
@@ -493,8 +492,8 @@ class _Context:
                 "score_lines": score_lines,
                 "mask_all": _and(masks) or "True",
                 "residual_mask": _and(residual),
-                "tile_tests": tile_tests,
             },
+            "tile_tests": tile_tests,
             "score_lines": score_lines,
             "bounds": self.bounds(),
             "mask_all": _and(masks) or "True",
