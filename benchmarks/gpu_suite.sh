@@ -3,7 +3,8 @@
 # example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
 # Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [startup]   (default: all)
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [matrix] [startup]
+#   (default: tests check bench startup; `quick` is one shape a variant, `matrix` a mid-size set)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attncc_gpu_out}
@@ -22,16 +23,16 @@ has() { [[ " $steps " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 
-if has tests; then
-    # correctness runs use the default configurations: tuning every random shape would take hours
-    ATTNCC_AUTOTUNE=0 python3 -m pytest -q -m gpu tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
-fi
 
-if has check; then
-    for spec in examples/*.attn; do
-        ATTNCC_AUTOTUNE=0 python3 -m attncc check "$spec" --device cuda --trials 4 --max-len 1024 || echo "CHECK FAILED: $spec"
-    done > "$OUT/check.log" 2>&1
-    grep -E "passed|FAILED" "$OUT/check.log"
+if has startup; then
+    # cold: empty attncc and Triton caches (without, then with autotuning);
+    # warm: a new process reusing both caches, which must not tune again
+    export ATTNCC_CACHE_DIR=/tmp/startup_cache/attncc TRITON_CACHE_DIR=/tmp/startup_cache/triton
+    rm -rf /tmp/startup_cache
+    ATTNCC_AUTOTUNE=0 python3 benchmarks/startup.py examples/gqa_causal.attn cold-no-autotune | tee -a "$OUT/startup.log"
+    rm -rf /tmp/startup_cache
+    python3 benchmarks/startup.py examples/gqa_causal.attn cold-autotune | tee -a "$OUT/startup.log"
+    python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup.log"
 fi
 
 bench() {  # bench SPEC SHAPES DTYPE
@@ -44,6 +45,16 @@ if has quick; then
         bench "examples/$spec.attn" "$shapes" bf16
     done
     bench examples/decode.attn "1,32:8,8192,128;8,32:8,8192,128;8,32:8,32768,128" bf16
+fi
+if has matrix; then
+    for spec in fused causal sliding_window alibi softcap document_mask; do
+        bench "examples/$spec.attn" "16,16,1024,128;4,16,4096,128;1,16,16384,128" bf16
+    done
+    bench examples/gqa_causal.attn "8,32:8,2048,128;2,32:8,4096,128" bf16
+    bench examples/causal.attn "8,32,2048,64;4,16,4096,96;4,16,4096,256" bf16
+    bench examples/fused.attn "8,32,2048,64;4,16,4096,128" fp16
+    bench examples/causal.attn "4,16,4096,128" fp16
+    bench examples/decode.attn "1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128" bf16
 fi
 if has bench; then
     long="16,16,1024,128;8,16,2048,128;4,16,4096,128;2,16,8192,128;1,16,16384,128"
@@ -58,15 +69,17 @@ if has bench; then
     bench examples/decode.attn "1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128" bf16
 fi
 
-if has startup; then
-    # cold: empty attncc and Triton caches (without, then with autotuning);
-    # warm: a new process reusing both caches, which must not tune again
-    export ATTNCC_CACHE_DIR=/tmp/startup_cache/attncc TRITON_CACHE_DIR=/tmp/startup_cache/triton
-    rm -rf /tmp/startup_cache
-    ATTNCC_AUTOTUNE=0 python3 benchmarks/startup.py examples/gqa_causal.attn cold-no-autotune | tee -a "$OUT/startup.log"
-    rm -rf /tmp/startup_cache
-    python3 benchmarks/startup.py examples/gqa_causal.attn cold-autotune | tee -a "$OUT/startup.log"
-    python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup.log"
+
+if has tests; then
+    # correctness runs use the default configurations: tuning every random shape would take hours
+    ATTNCC_AUTOTUNE=0 python3 -m pytest -q -m gpu tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+fi
+
+if has check; then
+    for spec in examples/*.attn; do
+        ATTNCC_AUTOTUNE=0 python3 -m attncc check "$spec" --device cuda --trials 4 --max-len 1024 || echo "CHECK FAILED: $spec"
+    done > "$OUT/check.log" 2>&1
+    grep -E "passed|FAILED" "$OUT/check.log"
 fi
 
 echo "== summary"
