@@ -6,6 +6,7 @@ All decisions (names, offsets, bounds, score lines) are made here, once; the tem
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import jinja2
 
 from attncc import __version__
+from attncc.cache import cache_dir
 from attncc.codegen import exprs as cx
 from attncc.ir import nodes as ir
 from attncc.ir.printer import expr_str
@@ -21,6 +23,12 @@ from attncc.passes.schedule import group_subscript
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "triton"
 LOG2E = 1.4426950408889634
+
+
+def _bytecode_dir() -> str:
+    path = cache_dir() / "jinja"
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
 
 
 def _python_literal(value: Any) -> str:
@@ -32,9 +40,13 @@ def _python_literal(value: Any) -> str:
     return repr(value)
 
 
+@functools.cache
 def environment() -> jinja2.Environment:
+    """One environment per process; compiled templates are also cached on disk, so a warm
+    start skips Jinja's template compilation."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        bytecode_cache=jinja2.FileSystemBytecodeCache(_bytecode_dir()),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

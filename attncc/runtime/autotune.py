@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from attncc.cache import atomic_write, cache_dir
 from attncc.ir.nodes import AttentionKernel, TileConfig
-from attncc.runtime.cache import atomic_write, cache_dir
 
 PREFILL_CANDIDATES = (
     TileConfig(128, 64, 8, 3),

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from attncc.runtime.cache import atomic_write, cache_dir, content_key
+from attncc.cache import atomic_write, cache_dir, content_key
 
 _LOADED: dict[tuple[Path, bool], ModuleType] = {}
 

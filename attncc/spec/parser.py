@@ -10,6 +10,7 @@ from typing import Any
 import lark
 from lark import Lark, Token, Transformer, v_args
 
+from attncc.cache import cache_dir, content_key
 from attncc.spec import ast
 from attncc.spec.errors import SpecError
 
@@ -19,11 +20,16 @@ GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammars" / "attn.lark"
 
 @cache
 def _parser() -> Lark:
+    # lark keys its table cache by the grammar text and options: a warm start skips building
+    # the LALR tables
+    tables = cache_dir() / "lark"
+    tables.mkdir(parents=True, exist_ok=True)
     return Lark(
         GRAMMAR_PATH.read_text(),
         parser="lalr",
         propagate_positions=True,
         maybe_placeholders=True,
+        cache=str(tables / f"attn-{content_key(GRAMMAR_PATH.read_text(), lark.__version__)[:16]}"),
     )
 
 
