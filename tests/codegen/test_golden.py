@@ -9,11 +9,10 @@ and review the diff of ``tests/golden`` like code.
 
 from __future__ import annotations
 
-import difflib
-import os
 import re
 from pathlib import Path
 
+import golden_files
 import jinja2
 import pytest
 from jinja2 import meta
@@ -25,32 +24,10 @@ from attncc.codegen import triton as triton_backend
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
 EXAMPLES = ROOT / "examples"
-UPDATE = os.environ.get("ATTNCC_UPDATE_GOLDEN") == "1"
 
 
 def assert_golden(actual: str, path: Path) -> None:
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(actual)
-        return
-    if not path.exists():
-        pytest.fail(f"no golden file {path}; create it with ATTNCC_UPDATE_GOLDEN=1")
-    expected = path.read_text()
-    if actual != expected:
-        diff = "".join(
-            difflib.unified_diff(
-                expected.splitlines(keepends=True),
-                actual.splitlines(keepends=True),
-                fromfile=str(path.relative_to(ROOT)),
-                tofile="generated now",
-            )
-        )
-        pytest.fail(
-            f"{path.name} differs from the golden file:\n{diff}\n"
-            "If the change is intended, regenerate with "
-            "ATTNCC_UPDATE_GOLDEN=1 .venv/bin/pytest tests/codegen tests/ir",
-            pytrace=False,
-        )
+    golden_files.assert_golden(actual, path, "generated now")
 
 
 # (example, schedule): the fused GQA kernel, the materialised naive one, GQA split-KV

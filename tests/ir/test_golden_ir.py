@@ -7,10 +7,9 @@ A mismatch fails with a unified diff. To accept a deliberate change, regenerate:
 
 from __future__ import annotations
 
-import difflib
-import os
 from pathlib import Path
 
+import golden_files
 import pytest
 
 from attncc import cli
@@ -21,32 +20,10 @@ from attncc.spec import load
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "ir"
 EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
-UPDATE = os.environ.get("ATTNCC_UPDATE_GOLDEN") == "1"
 
 
 def assert_golden(actual: str, path: Path) -> None:
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(actual)
-        return
-    if not path.exists():
-        pytest.fail(f"no golden file {path}; create it with ATTNCC_UPDATE_GOLDEN=1")
-    expected = path.read_text()
-    if actual != expected:
-        diff = "".join(
-            difflib.unified_diff(
-                expected.splitlines(keepends=True),
-                actual.splitlines(keepends=True),
-                fromfile=str(path.relative_to(ROOT)),
-                tofile="printed now",
-            )
-        )
-        pytest.fail(
-            f"{path.name} differs from the golden file:\n{diff}\n"
-            "If the change is intended, regenerate with "
-            "ATTNCC_UPDATE_GOLDEN=1 .venv/bin/pytest tests/codegen tests/ir",
-            pytrace=False,
-        )
+    golden_files.assert_golden(actual, path, "printed now")
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
