@@ -12,7 +12,8 @@ the Python launch path; they are timed as CUDA-graph replays (``do_bench_cudagra
 way serving stacks run them, for attncc and the anchors alike.
 
 Bench inputs: floats ~ N(0, 1); an integer input over the key axis holds segment ids of
-``--documents`` equal documents; any other integer input (cache lengths) holds the key length.
+``--documents`` equal documents; a page table holds a shuffled pool of 16-token pages; any
+other integer input (cache lengths) holds the key length.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 import attncc
+from attncc.checking import index_tensor_dims
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of
 from attncc.text import format_table
@@ -88,6 +90,15 @@ def sizes_for(kernel: ir.AttentionKernel, shape: Shape) -> dict[str, int]:
         sizes[kernel.query_axis.dim] = shape.seq
     sizes[kernel.head_axis.dim] = shape.head_dim
     sizes[kernel.value_axis.dim] = shape.head_dim
+    for dim, value in kernel.derived_dims:
+        if dim == kernel.key_axis.dim and isinstance(value, ir.BinOp):
+            # a paged cache N = NP * PAGE: pages of 16 tokens, a pool with a page per slot
+            assert isinstance(value.left, ir.Dim) and isinstance(value.right, ir.Dim)
+            sizes[value.right.name] = 16
+            sizes[value.left.name] = -(-shape.seq // 16)
+        sizes[dim] = int(evaluate(value, {}, sizes, {}, {}))
+    for tensor, dim in index_tensor_dims(kernel).items():
+        sizes[dim] = math.prod(sizes[d] for d in kernel.tensor(tensor).dims)
     return sizes
 
 
@@ -95,10 +106,14 @@ def bench_inputs(
     kernel: ir.AttentionKernel, sizes: dict[str, int], dtype: torch.dtype, documents: int
 ) -> dict[str, torch.Tensor]:
     key_dim, key_size = kernel.key_axis.dim, sizes[kernel.key_axis.dim]
+    indexing = index_tensor_dims(kernel)
     inputs = {}
     for arg in kernel.tensors:
         shape = [sizes[d] for d in arg.dims]
-        if arg.dtype in ("i32", "i64"):
+        if arg.name in indexing:  # page ids: every page used once, in a shuffled order
+            ids = torch.randperm(sizes[indexing[arg.name]], device="cuda")[: math.prod(shape)]
+            tensor = ids.reshape(shape).to(torch.int32 if arg.dtype == "i32" else torch.int64)
+        elif arg.dtype in ("i32", "i64"):
             int_dtype = torch.int32 if arg.dtype == "i32" else torch.int64
             if arg.dims and arg.dims[-1] == key_dim:
                 ids = torch.arange(key_size, device="cuda") * documents // max(key_size, 1)

@@ -14,11 +14,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from attncc.ir import nodes as ir
 from attncc.ir.nodes import AttentionKernel
+from attncc.ir.verify import subexprs
 from attncc.reference import Rounding, reference
 from attncc.runtime.kernel import Kernel
 from attncc.text import format_table
 from attncc.tolerance import Verdict, compare
+from attncc.torch_eval import evaluate
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAMES: dict[torch.dtype, Rounding] = {
@@ -72,6 +75,17 @@ def draw_sizes(
         kv = int(rng.integers(1, 3))
         sizes[kernel.group.kv_dim] = kv
         sizes[kernel.group.head.dim] = kv * int(rng.integers(1, 4))
+    for dim in index_tensor_dims(kernel).values():
+        sizes[dim] = int(rng.integers(1, 64))  # a pool to pick from (pages)
+    for dim, value in kernel.derived_dims:
+        if dim == kernel.key_axis.dim and _is_product_of_dims(value):
+            # a paged key axis N = NP * PAGE: any page size, and pages enough for the length
+            assert isinstance(value, ir.BinOp)
+            pages, page = value.left, value.right
+            assert isinstance(pages, ir.Dim) and isinstance(page, ir.Dim)
+            sizes[page.name] = int(rng.integers(1, 18))
+            sizes[pages.name] = -(-int(rng.integers(1, max_len + 1)) // sizes[page.name])
+        sizes[dim] = int(evaluate(value, {}, sizes, {}, {}))
     if kernel.schedule == "split_kv" and kernel.query_axis is not None:
         # split-KV holds every (query head of a group, query) row in one tile: at most 128
         group = sizes[kernel.group.head.dim] // sizes[kernel.group.kv_dim] if kernel.group else 1
@@ -80,6 +94,36 @@ def draw_sizes(
         if kernel.key_axis.dim == query:
             sizes[kernel.key_axis.dim] = sizes[query]
     return sizes
+
+
+def _is_product_of_dims(value: ir.Expr) -> bool:
+    return (
+        isinstance(value, ir.BinOp)
+        and value.op == "*"
+        and isinstance(value.left, ir.Dim)
+        and isinstance(value.right, ir.Dim)
+    )
+
+
+def index_tensor_dims(kernel: AttentionKernel) -> dict[str, str]:
+    """Integer inputs read as a whole subscript of another tensor (a page table), mapped to
+    the dim they index: their values must lie in [0, size of that dim)."""
+    found: dict[str, str] = {}
+    exprs = [*kernel.query.indices, *kernel.key.indices, *kernel.value.indices]
+    exprs += [*kernel.score_mods, *kernel.masks]
+    for expr in exprs:
+        for e in subexprs(expr):
+            if isinstance(e, ir.Load):
+                dims = kernel.tensor(e.tensor).dims
+                for sub, dim in zip(e.indices, dims, strict=True):
+                    if isinstance(sub, ir.Load):
+                        found[sub.tensor] = dim
+    for operand in (kernel.query, kernel.key, kernel.value):
+        dims = kernel.tensor(operand.tensor).dims
+        for sub, dim in zip(operand.indices, dims, strict=True):
+            if isinstance(sub, ir.Load):
+                found[sub.tensor] = dim
+    return found
 
 
 def _layout(t: torch.Tensor, layout: str, rng: np.random.Generator) -> torch.Tensor:
@@ -104,14 +148,19 @@ def make_inputs(
     rng: np.random.Generator,
     layout: str = "contiguous",
 ) -> dict[str, torch.Tensor]:
-    """Random inputs: floats ~ N(0, 1); integers sorted in [0, key length] along the last
-    axis (document ids, cache lengths); booleans fair coins."""
+    """Random inputs: floats ~ N(0, 1); integers that index another tensor (page tables)
+    uniform over that dim; other integers sorted in [0, key length] along the last axis
+    (document ids, cache lengths); booleans fair coins."""
     gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
     key_size = sizes[kernel.key_axis.dim]
+    indexing = index_tensor_dims(kernel)
     inputs = {}
     for arg in kernel.tensors:
         shape = tuple(sizes[d] for d in arg.dims)
-        if arg.dtype in ("i32", "i64"):
+        if arg.name in indexing:  # e.g. page ids: anywhere in the pool, in any order
+            values = torch.randint(0, max(sizes[indexing[arg.name]], 1), shape, generator=gen)
+            tensor = values.to(torch.int32 if arg.dtype == "i32" else torch.int64)
+        elif arg.dtype in ("i32", "i64"):
             values = torch.randint(0, key_size + 1, shape, generator=gen)
             values = values.sort(dim=-1).values if values.dim() else values
             tensor = values.to(torch.int32 if arg.dtype == "i32" else torch.int64)

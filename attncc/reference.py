@@ -225,6 +225,8 @@ def _bind_sizes(spec: CheckedSpec, tensors: dict[str, Array]) -> dict[str, int]:
                 f"input '{name}' has shape {tuple(shape)}, expected {declared} = {expected}: "
                 + "; ".join(clashes)
             )
+    for dim, value in spec.derived_dims.items():  # in declaration order, so later ones see earlier
+        sizes[dim] = int(_Evaluator(spec, tensors, sizes).eval(value, ()).item())
     return sizes
 
 
@@ -366,6 +368,9 @@ class _Evaluator:
         raise AssertionError(expr)
 
     def access(self, name: str, subscripts: tuple[ast.Expr, ...], frame: tuple[str, ...]) -> Array:
+        if name in self.spec.views:  # a gather view reads its input at substituted subscripts
+            target = self.spec.views[name].read(subscripts)
+            return self.access(target.tensor.name, target.indices, frame)
         tensor = self.tensors[name] if name in self.tensors else self.defined[name][1]
         where: list[Array] = []
         for axis, sub in enumerate(subscripts):

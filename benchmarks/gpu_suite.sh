@@ -50,6 +50,7 @@ if has matrix; then
     # what one device call holds (each new shape autotunes, each flex shape compiles)
     bench examples/document_mask.attn "4,16,4096,128" bf16
     bench examples/decode.attn "1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128" bf16
+    bench examples/paged_decode.attn "1,32:8,8192,128;8,32:8,8192,128;8,32:8,32768,128" bf16
     bench examples/causal.attn "16,16,1024,128;1,16,16384,128;4,16,4096,96" bf16
     bench examples/fused.attn "1,16,16384,128;8,32,2048,64" bf16
     bench examples/causal.attn "4,16,4096,128" fp16
@@ -65,6 +66,7 @@ if has bench; then
     bench examples/causal.attn "4,16,4096,128;2,16,8192,128" fp16
     bench examples/fused.attn "4,16,4096,128" fp16
     bench examples/decode.attn "1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128" bf16
+    bench examples/paged_decode.attn "1,32:8,8192,128;8,32:8,8192,128;8,32:8,32768,128" bf16
 fi
 
 

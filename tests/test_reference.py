@@ -470,3 +470,27 @@ def test_bad_arguments():
         example("decode")(q[:, :, 0], k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), [1.0])
     with pytest.raises(ValueError, match="exactly one softmax"):
         reference(INT_ARITHMETIC)(q[0, 0, 0], return_lse=True)
+
+
+def test_paged_view_reads_like_the_contiguous_cache() -> None:
+    """``view kc[...] = k_pages[page_table[b, n / PAGE], n % PAGE, j, d]`` gathers pages."""
+    rng = np.random.default_rng(7)
+    batch, heads, kv_heads, pool, page, pages, dim = 2, 4, 2, 9, 3, 4, 8
+    q = rng.standard_normal((batch, heads, dim))
+    k_pages = rng.standard_normal((pool, page, kv_heads, dim))
+    v_pages = rng.standard_normal((pool, page, kv_heads, dim))
+    table = rng.integers(0, pool, (batch, pages)).astype(np.int32)
+    lengths = np.array([5, 12], dtype=np.int32)
+    paged = reference(EXAMPLES / "paged_decode.attn")(q, k_pages, v_pages, table, lengths)
+    k = np.stack([np.concatenate([k_pages[p] for p in row]) for row in table])
+    v = np.stack([np.concatenate([v_pages[p] for p in row]) for row in table])
+    contiguous = reference(EXAMPLES / "decode.attn")(q, k, v, lengths)
+    np.testing.assert_allclose(paged, contiguous, rtol=0, atol=1e-12)
+
+
+def test_a_page_id_outside_the_pool_is_an_error() -> None:
+    q = np.ones((1, 2, 4))
+    pages = np.ones((2, 3, 1, 4))
+    table = np.array([[0, 5]], dtype=np.int32)  # page 5 of a pool of 2
+    with pytest.raises(ValueError, match="k_pages"):
+        reference(EXAMPLES / "paged_decode.attn")(q, pages, pages, table, np.array([6], np.int32))

@@ -18,7 +18,7 @@ from attncc.cache import cache_dir
 from attncc.codegen import exprs as cx
 from attncc.ir import nodes as ir
 from attncc.ir.printer import expr_str
-from attncc.ir.verify import indices_of
+from attncc.ir.verify import indices_of, subexprs
 from attncc.passes.schedule import group_subscript
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "triton"
@@ -121,6 +121,52 @@ class _Context:
             else:
                 base.append(f"({cx.triton_expr(sub, env)}) * {stride}")
         return {"base": " + ".join(base) or "0", "row": row_stride, "col": col_stride}
+
+    def kv_operand(
+        self,
+        operand: ir.Operand,
+        col: str,
+        env: cx.TritonEnv,
+        replaced: dict[ir.Expr, str] | None = None,
+    ) -> dict[str, str]:
+        """Keys or values: a per-program base, the head-dim stride, and how a tile's keys
+        offset it: ``start_n * stride`` for a plain key subscript, or a per-key gather when
+        the key index goes through other tensors (a paged cache's page table).
+
+        ``replaced`` maps whole subscripts to scalar variables (split-KV's kv head)."""
+        base: list[str] = []
+        linear, gather, col_stride = None, [], "0"
+        # gathers see the tile's keys as a vector ``offs_n``; batch indices stay scalars
+        keys = cx.TritonEnv(
+            {**env.indices, self.key: "offs_n"}, self.tensors, frozenset({self.key})
+        )
+        for axis, sub in enumerate(operand.indices):
+            stride = cx.stride_var(operand.tensor, axis)
+            if isinstance(sub, ir.Index) and sub.name == self.key:
+                linear = stride
+            elif isinstance(sub, ir.Index) and sub.name == col:
+                col_stride = stride
+            elif replaced and sub in replaced:
+                base.append(f"{replaced[sub]} * {stride}")
+            elif self.key in indices_of(sub):
+                gather.append(f"({cx.triton_expr(sub, keys)}) * {stride}")
+            else:
+                base.append(f"({cx.triton_expr(sub, env)}) * {stride}")
+        if linear is not None and gather:
+            gather.append(f"offs_n * {linear}")
+            linear = None
+        per_key = " + ".join(gather)
+        return {
+            "base": " + ".join(base) or "0",
+            "col": col_stride,
+            # K tiles are [head dim, keys]; V tiles [keys, head dim]
+            "k_init": f"offs_n0[None, :] * {linear}" if linear else "0",
+            "v_init": f"offs_n0[:, None] * {linear}" if linear else "0",
+            "k_tile": f"start_n * {linear}" if linear else f"({per_key})[None, :]",
+            "v_tile": f"start_n * {linear}" if linear else f"({per_key})[:, None]",
+            "k_keys": f"offs_n[None, :] * {linear}" if linear else f"({per_key})[None, :]",
+            "v_keys": f"offs_n[:, None] * {linear}" if linear else f"({per_key})[:, None]",
+        }
 
     def output(self) -> tuple[dict[str, str], dict[str, str]]:
         out = self.k.output
@@ -256,7 +302,9 @@ class _Context:
         for operand in (self.k.query, self.k.key, self.k.value):
             dims = self.tensors[operand.tensor].dims
             for sub, dim in zip(operand.indices, dims, strict=True):
-                if isinstance(sub, ir.Index):
+                reads = {e for e in subexprs(sub) if isinstance(e, ir.Load)}
+                if isinstance(sub, ir.Index) or reads or self.key in indices_of(sub):
+                    # data-dependent subscripts (page tables) are the caller's to keep in range
                     continue
                 axes = [a for a in self.k.batch_axes if a.index in indices_of(sub)]
                 checks.append(
@@ -298,6 +346,9 @@ class _Context:
             else None
         )
         return {
+            "derived_dims": [
+                {"name": d, "value": cx.host_expr(v, "sizes")} for d, v in self.k.derived_dims
+            ],
             "inputs": inputs,
             "params": params,
             "dims": list(self.k.dims),
@@ -377,19 +428,10 @@ class _Context:
                     parts.append(f"({cx.triton_expr(sub, env)}) * {stride}")
             return " + ".join(parts)
 
-        def kv_operand(operand: ir.Operand, col: str) -> dict[str, str]:
-            base, row, col_stride = [], "0", "0"
-            for axis, sub in enumerate(operand.indices):
-                stride = cx.stride_var(operand.tensor, axis)
-                if isinstance(sub, ir.Index) and sub.name == self.key:
-                    row = stride
-                elif isinstance(sub, ir.Index) and sub.name == col:
-                    col_stride = stride
-                elif mapping is not None and sub == mapping:
-                    base.append(f"{kv_head} * {stride}")
-                else:
-                    base.append(f"({cx.triton_expr(sub, env)}) * {stride}")
-            return {"base": " + ".join(base) or "0", "row": row, "col": col_stride}
+        replaced = {mapping: kv_head} if mapping is not None and kv_head else None
+        scalar_env = cx.TritonEnv(indices, self.tensors, frozenset())
+        k_parts = self.kv_operand(k.key, k.head_axis.index, scalar_env, replaced)
+        v_parts = self.kv_operand(k.value, k.value_axis.index, scalar_env, replaced)
 
         out = k.output
         out_offset = " + ".join(
@@ -426,8 +468,8 @@ class _Context:
             "kv_head": kv_head,
             "query_var": cx.index_var(self.query) if self.query else None,
             "q": rows_operand(k.query, k.head_axis.index),
-            "k": kv_operand(k.key, k.head_axis.index),
-            "v": kv_operand(k.value, k.value_axis.index),
+            "k": k_parts,
+            "v": v_parts,
             "o": out_offset,
             "lse": lse_offset or "0",
             "prologue_lines": prologue,
@@ -444,8 +486,8 @@ class _Context:
             "loop": {
                 "key_var": cx.index_var(k.key_axis.index),
                 "key_dim": cx.safe_name(k.key_axis.dim),
-                "k_row": kv_operand(k.key, k.head_axis.index)["row"],
-                "v_row": kv_operand(k.value, k.value_axis.index)["row"],
+                "k_tile": k_parts["k_tile"],
+                "v_tile": v_parts["v_tile"],
                 "score_lines": score_lines,
                 "mask_all": _and(masks) or "True",
                 "residual_mask": _and(residual),
@@ -463,6 +505,9 @@ class _Context:
         assert k.tiling is not None and k.mask_plan is not None
         prologue, score_lines = self.score_lines()
         row_ranges, tile_tests = self.tile_tests()
+        scalars = self.env(vector=False)
+        k_parts = self.kv_operand(k.key, k.head_axis.index, scalars)
+        v_parts = self.kv_operand(k.value, k.value_axis.index, scalars)
         kernel_params, launch_args = self.kernel_params()
         o, lse = self.output()
         env = self.env()
@@ -491,16 +536,16 @@ class _Context:
             "v_name": k.value.tensor,
             "o_name": k.output.name,
             "q": self.operand(k.query, self.query, k.head_axis.index),
-            "k": self.operand(k.key, self.key, k.head_axis.index),
-            "v": self.operand(k.value, self.key, k.value_axis.index),
+            "k": k_parts,
+            "v": v_parts,
             "o": o,
             "lse": lse,
             "prologue_lines": prologue + row_ranges,
             "loop": {
                 "key_var": cx.index_var(k.key_axis.index),
                 "key_dim": cx.safe_name(k.key_axis.dim),
-                "k_row": self.operand(k.key, self.key, k.head_axis.index)["row"],
-                "v_row": self.operand(k.value, self.key, k.value_axis.index)["row"],
+                "k_tile": k_parts["k_tile"],
+                "v_tile": v_parts["v_tile"],
                 "score_lines": score_lines,
                 "mask_all": _and(masks) or "True",
                 "residual_mask": _and(residual),

@@ -48,6 +48,8 @@ class _Lowering:
             case ast.Access(tensor=tensor, indices=indices, span=span):
                 if tensor.name == score:
                     return ir.Score()
+                if tensor.name in self.c.views:
+                    return self.expr(self.c.views[tensor.name].read(indices), score)
                 if tensor.name not in self.c.inputs:
                     raise self.error(
                         f"'{tensor.name}' cannot be read here",
@@ -140,9 +142,13 @@ class _Lowering:
         def axis(index: str) -> ir.Axis:
             return ir.Axis(index, c.index_dims[index])
 
-        roles = {query_op.tensor.name: "query", key_op.tensor.name: "key"}
-        roles.setdefault(value_access.tensor.name, "value")
-        if len({query_op.tensor.name, key_op.tensor.name, value_access.tensor.name}) < 3:
+        # views are read through: the roles go to the input tensors behind them
+        query_in, key_in, value_in = (
+            self.through_view(a).tensor.name for a in (query_op, key_op, value_access)
+        )
+        roles = {query_in: "query", key_in: "key"}
+        roles.setdefault(value_in, "value")
+        if len({query_in, key_in, value_in}) < 3:
             raise self.error(
                 "query, key and value must be three different input tensors", contraction.stmt.span
             )
@@ -181,6 +187,7 @@ class _Lowering:
                 tuple(c.index_dims[i] for i in value_def.indices),
             ),
             schedule=c.schedule,  # type: ignore[arg-type]
+            derived_dims=tuple((d, self.expr(v)) for d, v in c.derived_dims.items()),
         )
 
     def scores(
@@ -262,7 +269,7 @@ class _Lowering:
             or len(uses_p) != 1
             or len(others) != 1
             or not isinstance(others[0], ast.Access)
-            or others[0].tensor.name not in self.c.inputs
+            or not (others[0].tensor.name in self.c.inputs or others[0].tensor.name in self.c.views)
         ):
             raise self.error(
                 f"not attention: the output must be {softmax.target}[...] * v[...]",
@@ -307,8 +314,13 @@ class _Lowering:
                         f"batch indices ({', '.join(batch)}) only",
                     )
 
+    def through_view(self, access: ast.Access) -> ast.Access:
+        view = self.c.views.get(access.tensor.name)
+        return view.read(access.indices) if view is not None else access
+
     def operand(self, access: ast.Access) -> ir.Operand:
-        return ir.Operand(access.tensor.name, tuple(self.expr(i) for i in access.indices))
+        target = self.through_view(access)
+        return ir.Operand(target.tensor.name, tuple(self.expr(i) for i in target.indices))
 
     def modification(self, mod: Definition, score: str) -> ir.Expr:
         lowered = self.expr(mod.value, score)

@@ -220,6 +220,8 @@ class AttentionKernel:
     masks: tuple[Expr, ...]
     output: Output
     schedule: Schedule | None = None
+    # sizes computed from other dims (``dims N = NP * PAGE``), in declaration order
+    derived_dims: tuple[tuple[str, Expr], ...] = ()
     # fused kernels hand calls with at most this many queries to the split-KV kernels (0: never)
     split_max_queries: int = 0
     tiling: Tiling | None = None

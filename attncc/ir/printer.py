@@ -61,6 +61,8 @@ def kernel_str(kernel: ir.AttentionKernel) -> str:
     )
     lines.append(f"  schedule {kernel.schedule or '(unset)'}{split}")
     lines.append(f"  dims {', '.join(kernel.dims)}")
+    for dim, value in kernel.derived_dims:
+        lines.append(f"  dim {dim} = {expr_str(value)}")
     for t in kernel.tensors:
         lines.append(f"  in {t.name}[{', '.join(t.dims)}]: {t.dtype}  # {t.role}")
     for p in kernel.params:

@@ -85,6 +85,9 @@ def verify(kernel: ir.AttentionKernel) -> ir.AttentionKernel:
     _require(
         set(kernel.output.indices) == batch | row | {kernel.value_axis.index}, "output indices"
     )
+    for dim, value in kernel.derived_dims:
+        _require(dim in dims, f"derived dim '{dim}' is not a dim")
+        check_expr(value, f"derived dim {dim}", False, set())
     for param in kernel.params:
         if param.default is not None:
             check_expr(param.default, f"default of {param.name}", False, set())

@@ -105,7 +105,10 @@ Expr = Number | Name | Access | Call | Neg | Binary | Compare | Logical | Not
 
 @dataclass(frozen=True, slots=True)
 class DimsStmt:
+    """``dims B, H, N = NP * PAGE``: a dim is bound from input shapes, or derived from others."""
+
     names: tuple[Ident, ...]
+    values: tuple[Expr | None, ...]
     span: Span
 
 
@@ -138,10 +141,12 @@ class LetStmt:
 
 @dataclass(frozen=True, slots=True)
 class ViewStmt:
-    """``view kc[b, n, g, d] = k_pages[...]``: a gather view usable like a tensor."""
+    """``view kc[b: B, n: N, j: KVH, d: D] = k_pages[page_table[b, n / PAGE], n % PAGE, j, d]``:
+    a gather view, read like a tensor of dims ``dims``; ``indices`` are local to the view."""
 
     name: Ident
     indices: tuple[Ident, ...]
+    dims: tuple[Ident, ...]
     value: Expr
     span: Span
 

@@ -8,7 +8,7 @@ Every problem is a ``SpecError`` pinned to the offending span.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from attncc.spec import ast
@@ -83,6 +83,42 @@ Step = Definition | Softmax
 
 
 @dataclass(frozen=True, slots=True)
+class ViewInfo:
+    """``view name[i: I, ...] = input[...]``: reading ``name[e, ...]`` reads ``value`` with each
+    local index ``indices[k]`` replaced by the subscript ``e``."""
+
+    name: str
+    indices: tuple[str, ...]
+    dims: tuple[str, ...]
+    value: ast.Access
+    span: ast.Span
+
+    def read(self, subscripts: tuple[ast.Expr, ...]) -> ast.Access:
+        """The input access that ``name[subscripts]`` stands for."""
+        return substitute(self.value, dict(zip(self.indices, subscripts, strict=True)))  # type: ignore[return-value]
+
+
+def substitute(expr: ast.Expr, names: dict[str, ast.Expr]) -> ast.Expr:
+    """``expr`` with each bare name in ``names`` replaced by its expression."""
+    match expr:
+        case ast.Name(name=name) if name in names:
+            return names[name]
+        case ast.Access(indices=indices):
+            return replace(expr, indices=tuple(substitute(i, names) for i in indices))
+        case ast.Call(args=args):
+            return replace(expr, args=tuple(substitute(a, names) for a in args))
+        case ast.Neg(operand=x) | ast.Not(operand=x):
+            return replace(expr, operand=substitute(x, names))
+        case (
+            ast.Binary(left=a, right=b)
+            | ast.Compare(left=a, right=b)
+            | ast.Logical(left=a, right=b)
+        ):
+            return replace(expr, left=substitute(a, names), right=substitute(b, names))
+    return expr
+
+
+@dataclass(frozen=True, slots=True)
 class CheckedSpec:
     spec: ast.Spec
     name: str
@@ -96,6 +132,8 @@ class CheckedSpec:
     output: str
     output_indices: tuple[str, ...]
     schedule: str | None
+    views: dict[str, ViewInfo] = field(default_factory=dict)
+    derived_dims: dict[str, ast.Expr] = field(default_factory=dict)
 
     def defined_indices(self, name: str) -> tuple[str, ...]:
         for step in reversed(self.steps):
@@ -132,6 +170,8 @@ class _Checker:
         self.spec = spec
         self.dims: dict[str, ast.Ident] = {}
         self.inputs: dict[str, TensorInfo] = {}
+        self.views: dict[str, ViewInfo] = {}
+        self.derived_dims: dict[str, ast.Expr] = {}
         self.params: dict[str, ParamInfo] = {}
         self.lets: dict[str, ast.Expr] = {}
         self.index_dims: dict[str, str] = {}
@@ -172,8 +212,10 @@ class _Checker:
     def declarations(self) -> None:
         for stmt in self.spec.statements:
             match stmt:
-                case ast.DimsStmt(names=names):
-                    for ident in names:
+                case ast.DimsStmt(names=names, values=values):
+                    for ident, value in zip(names, values, strict=True):
+                        if value is not None:
+                            self.derived_dim(ident, value)
                         self.declare(ident, "dim")
                         self.dims[ident.name] = ident
                 case ast.InputStmt():
@@ -183,12 +225,8 @@ class _Checker:
                 case ast.LetStmt(name=name, value=value):
                     self.declare(name, "let")
                     self.lets[name.name] = value
-                case ast.ViewStmt(span=span):
-                    raise self.error(
-                        "views are not supported yet",
-                        span,
-                        "declare the cache as a plain input: in k[B, N, KVH, D]",
-                    )
+                case ast.ViewStmt():
+                    self.view_decl(stmt)
                 case ast.ScheduleStmt(name=name):
                     if self.schedule is not None:
                         raise self.error("duplicate schedule statement", stmt.span)
@@ -209,12 +247,84 @@ class _Checker:
                     pass
         used = {d.name for info in self.inputs.values() for d in self._input_stmt(info.name).dims}
         for dim, ident in self.dims.items():
-            if dim not in used:
+            if dim not in used and dim not in self.derived_dims:
                 raise self.error(
                     f"dim '{dim}' is not used by any input, so its size cannot be bound",
                     ident.span,
                     "use it in an `in` declaration or remove it",
                 )
+
+    def derived_dim(self, ident: ast.Ident, value: ast.Expr) -> None:
+        """``dims N = NP * PAGE``: a size computed from dims declared before it."""
+        for node in walk(value):
+            if isinstance(node, ast.Name) and node.name not in self.dims:
+                raise self.error(
+                    f"a derived dim can use dims declared before it only, not '{node.name}'",
+                    node.span,
+                    "e.g. dims NP, PAGE, N = NP * PAGE",
+                )
+            if isinstance(node, ast.Access | ast.Call):
+                raise self.error(
+                    "a derived dim is integer arithmetic on dims", node.span, "N = NP * PAGE"
+                )
+        if self.type_of(value, frozenset()) != "int":
+            raise self.error(f"dim '{ident.name}' must be an integer", value.span)
+        self.derived_dims[ident.name] = value
+
+    def view_decl(self, stmt: ast.ViewStmt) -> None:
+        for ident in stmt.dims:
+            if ident.name not in self.dims:
+                raise self.error(
+                    f"unknown dim '{ident.name}'", ident.span, f"declare it: dims {ident.name}"
+                )
+        value = stmt.value
+        if (
+            not isinstance(value, ast.Access)
+            or value.tensor.name not in self.inputs
+            or self.inputs[value.tensor.name].type != "float"
+        ):
+            raise self.error(
+                "a view reads one float input tensor",
+                value.span,
+                "view kc[b: B, n: N, j: KVH, d: D] = "
+                "k_pages[page_table[b, n / PAGE], n % PAGE, j, d]",
+            )
+        self.declare(stmt.name, "view")
+        self.views[stmt.name.name] = ViewInfo(
+            stmt.name.name,
+            tuple(i.name for i in stmt.indices),
+            tuple(d.name for d in stmt.dims),
+            value,
+            stmt.span,
+        )
+
+    def view_body(self, stmt: ast.ViewStmt) -> None:
+        """Check a view's right-hand side with its indices as the only indices in scope."""
+        seen: set[str] = set()
+        for ident in stmt.indices:
+            if ident.name in self.symbol_spans or ident.name in seen:
+                raise self.error(
+                    f"view index '{ident.name}' is already a name in this spec",
+                    ident.span,
+                    "view indices are local: pick a name no dim, input, param or let has",
+                )
+            seen.add(ident.name)
+        for node in walk(stmt.value):
+            if isinstance(node, ast.Name) and not (
+                node.name in seen or node.name in self.dims or node.name in self.params
+            ):
+                raise self.error(
+                    f"a view reads its own indices, dims and params only, not '{node.name}'",
+                    node.span,
+                )
+        outer = self.index_dims, self.index_spans
+        self.index_dims = {i.name: d.name for i, d in zip(stmt.indices, stmt.dims, strict=True)}
+        self.index_spans = {i.name: i.span for i in stmt.indices}
+        try:
+            self.bind_accesses(stmt.value, {})
+            self.type_of(stmt.value, frozenset())
+        finally:
+            self.index_dims, self.index_spans = outer
 
     def _input_stmt(self, name: str) -> ast.InputStmt:
         for stmt in self.spec.statements:
@@ -312,6 +422,8 @@ class _Checker:
             name = node.tensor.name
             if name in self.inputs:
                 dims = self.inputs[name].dims
+            elif name in self.views:
+                dims = self.views[name].dims
             elif name in defined_dims:
                 dims = defined_dims[name]
             else:
@@ -371,6 +483,8 @@ class _Checker:
                             f"write the indices explicitly: {name}[...]",
                         )
                     return "float"
+                if name in self.views:
+                    raise self.error(f"view '{name}' must be indexed", span)
                 if name in self.inputs:
                     raise self.error(
                         f"input '{name}' must be indexed",
@@ -386,7 +500,7 @@ class _Checker:
             case ast.Access(tensor=tensor, indices=indices):
                 if tensor.name in self.inputs:
                     result = self.inputs[tensor.name].type
-                elif tensor.name in self.defined:
+                elif tensor.name in self.defined or tensor.name in self.views:
                     result = "float"
                 elif (
                     tensor.name in self.lets
@@ -487,7 +601,10 @@ class _Checker:
     # ------------------------------------------------------------------ statements
 
     def bind_all(self) -> None:
-        """First binding pass: accesses to inputs fix each plain index's dim."""
+        """First binding pass: accesses to inputs and views fix each plain index's dim."""
+        for stmt in self.spec.statements:
+            if isinstance(stmt, ast.ViewStmt):
+                self.view_body(stmt)
         for stmt in self.spec.statements:
             match stmt:
                 case (
@@ -717,6 +834,8 @@ class _Checker:
             output=out.name.name,
             output_indices=self.defined[out.name.name],
             schedule=self.schedule,
+            views=dict(self.views),
+            derived_dims=dict(self.derived_dims),
         )
 
 

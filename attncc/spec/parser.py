@@ -84,8 +84,18 @@ class _ToAst(Transformer[Token, Any]):
     def expr_list(self, meta: Any, children: list[ast.Expr]) -> tuple[ast.Expr, ...]:
         return tuple(children)
 
-    def dims_stmt(self, meta: Any, children: list[Token]) -> ast.DimsStmt:
-        return ast.DimsStmt(tuple(_ident(t) for t in children), _span_of_meta(meta))
+    def dim_decl(self, meta: Any, children: list[Any]) -> tuple[ast.Ident, ast.Expr | None]:
+        return _ident(children[0]), children[1]
+
+    def dims_stmt(self, meta: Any, children: list[Any]) -> ast.DimsStmt:
+        return ast.DimsStmt(
+            tuple(name for name, _ in children),
+            tuple(value for _, value in children),
+            _span_of_meta(meta),
+        )
+
+    def view_index(self, meta: Any, children: list[Token]) -> tuple[ast.Ident, ast.Ident]:
+        return _ident(children[0]), _ident(children[1])
 
     def in_stmt(self, meta: Any, children: list[Any]) -> ast.InputStmt:
         name, dims, dtype = children
@@ -101,7 +111,14 @@ class _ToAst(Transformer[Token, Any]):
         return ast.LetStmt(_ident(children[0]), children[1], _span_of_meta(meta))
 
     def view_stmt(self, meta: Any, children: list[Any]) -> ast.ViewStmt:
-        return ast.ViewStmt(_ident(children[0]), children[1], children[2], _span_of_meta(meta))
+        name, *formals, value = children
+        return ast.ViewStmt(
+            _ident(name),
+            tuple(index for index, _ in formals),
+            tuple(dim for _, dim in formals),
+            value,
+            _span_of_meta(meta),
+        )
 
     def assign_stmt(self, meta: Any, children: list[Any]) -> ast.AssignStmt:
         target, indices, value = children

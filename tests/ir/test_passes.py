@@ -225,6 +225,7 @@ MASK_PLANS = {
     "prefix_lm": ([], [("max(prefix, m + 1)", 1)], []),
     "document_mask": ([], [("m + 1", 1)], ["doc[b, m] == doc[b, n]"]),
     "decode": ([], [("cache_len[b]", 0)], []),
+    "paged_decode": ([], [("cache_len[b]", 0)], []),
     "naive": ([], [], []),
     "fused": ([], [], []),
     "bias": ([], [], []),

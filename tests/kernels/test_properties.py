@@ -22,6 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attncc
+from attncc import torch_eval
+from attncc.checking import index_tensor_dims
+from attncc.ir import nodes as ir
 from attncc.ir.nodes import AttentionKernel
 from attncc.reference import reference
 from attncc.runtime.kernel import Kernel
@@ -70,6 +73,16 @@ def sizes_for(draw: st.DrawFn, kernel: AttentionKernel, lengths: st.SearchStrate
         kv_heads = draw(st.integers(1, 2))
         sizes[kernel.group.kv_dim] = kv_heads
         sizes[kernel.group.head.dim] = kv_heads * draw(st.integers(1, 3))
+    for dim in index_tensor_dims(kernel).values():
+        sizes[dim] = draw(st.integers(1, 40))  # the pool a page table picks from
+    for dim, value in kernel.derived_dims:
+        if dim == kernel.key_axis.dim and isinstance(value, ir.BinOp):
+            # a paged key axis N = NP * PAGE: any page size, pages enough for the drawn length
+            assert isinstance(value.left, ir.Dim) and isinstance(value.right, ir.Dim)
+            page = draw(st.sampled_from([1, 2, 3, 16, 17]))
+            sizes[value.right.name] = page
+            sizes[value.left.name] = -(-sizes[dim] // page)
+        sizes[dim] = int(torch_eval.evaluate(value, {}, sizes, {}, {}))
     return sizes
 
 
@@ -113,11 +126,14 @@ def make_inputs(
     gen = torch.Generator().manual_seed(seed)
     key_len = sizes[kernel.key_axis.dim]
     inputs: dict[str, torch.Tensor] = {}
+    indexing = index_tensor_dims(kernel)
     for arg in kernel.tensors:
         shape = [sizes[d] for d in arg.dims]
         if arg.dtype in ("i32", "i64"):
             int_dtype = torch.int32 if arg.dtype == "i32" else torch.int64
-            if len(shape) == 1:  # per-sequence lengths
+            if arg.name in indexing:  # page ids: anywhere in the pool
+                values = torch.randint(0, sizes[indexing[arg.name]], shape, generator=gen)
+            elif len(shape) == 1:  # per-sequence lengths
                 values = torch.randint(0, key_len + 1, shape, generator=gen)
                 if zero_lengths:
                     values[::2] = 0

@@ -125,7 +125,7 @@ SYNTAX = [
         "\nattention a\ndims B, H M\n",
         "3:11",
         "unexpected 'M'",
-        "expected ',', end of line",
+        "expected ',', '=', end of line",
     ),
     Case(
         "param-without-type",
@@ -480,11 +480,32 @@ SHAPES = [
         "use it in an `in` declaration",
     ),
     Case(
-        "view-not-supported",
+        "view-index-without-dim",
         edit(("let g = h / (H / KVH)", "view kc[b, n, g, d] = k[b, g, n, d]")),
-        "7:1",
-        "views are not supported yet",
-        "in k[B, N, KVH, D]",
+        "7:10",
+        "unexpected ','",
+        "expected ':'",
+    ),
+    Case(
+        "view-index-shadows-a-let",
+        edit(("out o", "view kc[b: B, g: KVH, n: N, d: D] = k[b, g, n, d]\nout o")),
+        "12:15",
+        "view index 'g' is already a name in this spec",
+        "view indices are local",
+    ),
+    Case(
+        "view-reads-a-computed-tensor",
+        edit(("out o", "view kc[b: B, j: H, x: M, d: D] = o[b, j, x, d]\nout o")),
+        "12:35",
+        "a view reads one float input tensor",
+        "k_pages[page_table[b, n / PAGE], n % PAGE, j, d]",
+    ),
+    Case(
+        "derived-dim-from-unknown-name",
+        edit(("dims B, H, KVH, M, N, D", "dims B, H, KVH, M, N, D, T = X * 2")),
+        "2:30",
+        "a derived dim can use dims declared before it only, not 'X'",
+        "dims NP, PAGE, N = NP * PAGE",
     ),
 ]
 

@@ -36,7 +36,7 @@ def test_example_parses_and_checks(path: Path) -> None:
     # every index is bound to a declared dim, and every dim is used by an input
     assert set(checked.index_dims.values()) <= set(checked.dims)
     used = {d for info in checked.inputs.values() for d in info.dims}
-    assert used == set(checked.dims)
+    assert used | set(checked.derived_dims) == set(checked.dims)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
