@@ -447,15 +447,6 @@ class _Context:
         plan = k.mask_plan
         assert plan is not None
 
-        def at(bound: ir.KeyBound, extreme: str) -> str:
-            first_is_min = bound.slope >= 0
-            row = "m_first" if (extreme == "min") == first_is_min else "m_last"
-            local = cx.TritonEnv(
-                {**indices, **({self.query: row} if self.query else {})}, self.tensors, frozenset()
-            )
-            return cx.triton_expr(bound.expr, local)
-
-        key_size = cx.dim_var(k.key_axis.dim)
         prologue, score_lines = self.score_lines(env)
         masks = [cx.triton_expr(m, env) for m in k.masks]
         residual = [cx.triton_expr(m, env) for m in plan.residual]
@@ -473,16 +464,9 @@ class _Context:
             "o": out_offset,
             "lse": lse_offset or "0",
             "prologue_lines": prologue,
-            "bounds": {
-                "lo": _nested("tl.maximum", [at(b, "min") for b in plan.lower] + ["0"], "0"),
-                "hi": _nested(
-                    "tl.minimum", [at(b, "max") for b in plan.upper] + [key_size], key_size
-                ),
-                "full_lo": _nested("tl.maximum", [at(b, "max") for b in plan.lower] + ["0"], "0"),
-                "full_hi": _nested(
-                    "tl.minimum", [at(b, "min") for b in plan.upper] + [key_size], key_size
-                ),
-            },
+            # the visible key range never reads the query head (split_kv_blocker), so the
+            # fused kernel's bounds hold for the split rows too
+            "bounds": self.bounds(),
             "loop": {
                 "key_var": cx.index_var(k.key_axis.index),
                 "key_dim": cx.safe_name(k.key_axis.dim),
