@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -50,6 +51,12 @@ def _as_launch(config: TileConfig) -> dict[str, int]:
     }
 
 
+def _do_bench(fn: Callable[[], Any], config: dict[str, int]) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
+
+
 def _bucket(n: int) -> int:
     return 1 << max(0, (max(n, 1) - 1).bit_length())
 
@@ -57,20 +64,29 @@ def _bucket(n: int) -> int:
 class Tuner:
     """Per-kernel tuner; ``config`` is on the launch path, so repeats are one dict lookup."""
 
-    def __init__(self, kernel: AttentionKernel, module_stem: str) -> None:
+    def __init__(
+        self,
+        kernel: AttentionKernel,
+        module_stem: str,
+        timer: Callable[[Callable[[], Any], dict[str, int]], float] | None = None,
+    ) -> None:
+        """``timer(run, config)`` times ``run``, a launch with ``config``, in milliseconds
+        (default: Triton's do_bench median)."""
         self.kernel = kernel
+        self.timer = timer or _do_bench
         self.path = cache_dir() / "tuning" / f"{module_stem}.json"
         self._by_shapes: dict[tuple[Any, ...], dict[str, int]] = {}
         self.tuned = 0  # how many tunings this process ran (tests and the bench read it)
 
-    def key(self, sizes: dict[str, int], dtype: torch.dtype) -> str:
+    def key(self, sizes: dict[str, int], dtype: torch.dtype, device: torch.device) -> str:
         import triton
 
         k = self.kernel
         rows = sizes[k.query_axis.dim] if k.query_axis is not None else 1
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
         return "|".join(
             [
-                torch.cuda.get_device_name(),
+                gpu,
                 f"triton {triton.__version__}",
                 str(dtype).removeprefix("torch."),
                 f"D={sizes[k.head_axis.dim]}",
@@ -96,8 +112,8 @@ class Tuner:
         found = self._by_shapes.get(shapes)
         if found is not None:
             return found
-        sizes, dtype, _ = module._check(tensors, params)
-        key = self.key(sizes, dtype)
+        sizes, dtype, device = module._check(tensors, params)
+        key = self.key(sizes, dtype, device)
         stored = self._load().get(key)
         if stored is None:
             rows = sizes[self.kernel.query_axis.dim] if self.kernel.query_axis else 1
@@ -118,19 +134,16 @@ class Tuner:
         return_lse: bool,
         candidates: tuple[TileConfig, ...],
     ) -> dict[str, int]:
-        import triton.testing
-
         self.tuned += 1
         best: tuple[float, dict[str, int]] | None = None
         for candidate in candidates:
             launch = _as_launch(candidate)
+
+            def run(launch: dict[str, int] = launch) -> Any:
+                return module._forward(tensors, params, return_lse, launch)
+
             try:
-                ms = triton.testing.do_bench(
-                    lambda launch=launch: module._forward(tensors, params, return_lse, launch),
-                    warmup=5,
-                    rep=25,
-                    return_mode="median",
-                )
+                ms = self.timer(run, launch)
             except Exception:  # a configuration this GPU cannot run (shared memory): skip it
                 continue
             if best is None or ms < best[0]:

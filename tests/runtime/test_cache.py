@@ -1,0 +1,148 @@
+"""The on-disk cache: stable keys, atomic writes, and tuning results reused across processes.
+
+Tuning needs timings, not a GPU: the tests give the tuner a fake timer and CPU tensors, so
+every path but the real do_bench runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import attncc
+from attncc.cache import atomic_write, content_key
+from attncc.runtime.autotune import PREFILL_CANDIDATES, Tuner
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ATTNCC_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_content_key_is_stable_and_separates_parts() -> None:
+    assert content_key("a", "b") == content_key("a", "b")
+    assert content_key("a", "b") != content_key("ab", "")  # parts are delimited
+    assert content_key("a") != content_key("b")
+
+
+def test_module_file_is_keyed_by_the_generated_source(private_cache: Path) -> None:
+    first = attncc.compile(EXAMPLES / "causal.attn")
+    again = attncc.compile(EXAMPLES / "causal.attn")
+    other = attncc.compile(EXAMPLES / "causal.attn", block_n=32)  # other options, other source
+    assert first.path == again.path and first.path.parent.parent == private_cache
+    assert other.path != first.path
+    assert first.path.read_text() == first.source
+
+
+def test_the_key_is_the_same_in_a_new_process() -> None:
+    code = "import attncc; print(attncc.compile(attncc.load(r'%s')).path.name)" % (
+        EXAMPLES / "gqa_causal.attn"
+    )
+    names = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for _ in range(2)
+    }
+    assert len(names) == 1 and names.pop() == attncc.compile(EXAMPLES / "gqa_causal.attn").path.name
+
+
+def _writer(path: str, worker: int) -> None:
+    for i in range(40):
+        atomic_write(Path(path), json.dumps({"worker": worker, "i": i, "pad": "x" * 5000}))
+
+
+def test_concurrent_atomic_writes_never_leave_a_torn_file(private_cache: Path) -> None:
+    target = private_cache / "tuning" / "shared.json"
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_writer, args=(str(target), w)) for w in range(3)]
+    for w in workers:
+        w.start()
+    seen = 0
+    while any(w.is_alive() for w in workers):
+        if target.exists():
+            json.loads(target.read_text())  # every read sees one whole write
+            seen += 1
+    for w in workers:
+        w.join()
+        assert w.exitcode == 0
+    assert json.loads(target.read_text())["i"] == 39
+    assert [p.name for p in target.parent.iterdir()] == ["shared.json"]  # no temporaries left
+
+
+class FakeTimer:
+    """Times configurations by a fixed preference, counting how often it is asked."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, fn: Any, config: dict[str, int]) -> float:
+        self.calls += 1
+        return 1.0 if config["BLOCK_N"] == 128 and config["num_warps"] == 8 else 2.0
+
+
+def _inputs(length: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(length)
+    q = torch.randn(1, 2, length, 32, generator=gen)
+    return {"q": q, "k": torch.randn(1, 2, length, 32, generator=gen), "v": q.clone()}
+
+
+def test_tuning_runs_once_and_a_new_process_reuses_it() -> None:
+    kernel = attncc.compile(EXAMPLES / "causal.attn")
+    module = kernel.module(interpreted=True)
+    timer = FakeTimer()
+    tuner = Tuner(kernel.ir, kernel.path.stem, timer)
+    chosen = tuner.config(module, _inputs(40), {}, False)
+    assert timer.calls == len(PREFILL_CANDIDATES) and tuner.tuned == 1
+    assert chosen == {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+    assert tuner.config(module, _inputs(40), {}, False) == chosen  # same shapes: a lookup
+    assert tuner.config(module, _inputs(50), {}, False) == chosen  # same length bucket
+    assert tuner.tuned == 1 and timer.calls == len(PREFILL_CANDIDATES)
+    # a new process (a fresh tuner) finds the result on disk and does not tune
+    fresh_timer = FakeTimer()
+    fresh = Tuner(kernel.ir, kernel.path.stem, fresh_timer)
+    assert fresh.config(module, _inputs(40), {}, False) == chosen
+    assert fresh.tuned == 0 and fresh_timer.calls == 0
+    stored = json.loads(tuner.path.read_text())
+    (key,) = stored
+    assert "float32" in key and "D=32" in key and "M<=64" in key and "N<=64" in key
+
+
+def test_another_length_bucket_tunes_again() -> None:
+    kernel = attncc.compile(EXAMPLES / "causal.attn")
+    module = kernel.module(interpreted=True)
+    tuner = Tuner(kernel.ir, kernel.path.stem, FakeTimer())
+    tuner.config(module, _inputs(40), {}, False)
+    tuner.config(module, _inputs(100), {}, False)
+    assert tuner.tuned == 2 and len(json.loads(tuner.path.read_text())) == 2
+
+
+def test_configurations_that_fail_are_skipped() -> None:
+    kernel = attncc.compile(EXAMPLES / "causal.attn")
+
+    def timer(fn: Any, config: dict[str, int]) -> float:
+        if config["BLOCK_M"] == 128:
+            raise RuntimeError("out of resource: shared memory")
+        return 1.0
+
+    tuner = Tuner(kernel.ir, kernel.path.stem, timer)
+    assert tuner.config(kernel.module(True), _inputs(40), {}, False)["BLOCK_M"] == 64
+
+
+def test_autotune_off_uses_the_default_and_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNCC_AUTOTUNE", "0")
+    kernel = attncc.compile(EXAMPLES / "causal.attn")
+    timer = FakeTimer()
+    tuner = Tuner(kernel.ir, kernel.path.stem, timer)
+    assert tuner.config(kernel.module(True), _inputs(40), {}, False) is None
+    assert timer.calls == 0 and not tuner.path.exists()
