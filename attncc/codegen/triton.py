@@ -245,6 +245,24 @@ class _Context:
         inside.append(f"tile_live = {' & '.join(f'({c})' for c in live)}")
         return before, inside
 
+    def loop(
+        self, env: cx.TritonEnv, k_parts: dict[str, str], v_parts: dict[str, str]
+    ) -> dict[str, Any]:
+        """The key loop's values (attend.py.jinja) for index variables as in ``env``."""
+        plan = self.k.mask_plan
+        assert plan is not None
+        masks = [cx.triton_expr(m, env) for m in self.k.masks]
+        residual = [cx.triton_expr(m, env) for m in plan.residual]
+        return {
+            "key_var": cx.index_var(self.k.key_axis.index),
+            "key_dim": cx.safe_name(self.k.key_axis.dim),
+            "k_tile": k_parts["k_tile"],
+            "v_tile": v_parts["v_tile"],
+            "score_lines": self.score_lines(env)[1],
+            "mask_all": _and(masks) or "True",
+            "residual_mask": _and(residual),
+        }
+
     def score_lines(self, env: cx.TritonEnv | None = None) -> tuple[list[str], list[str]]:
         env = env or self.env()
         scale = cx.triton_expr(self.k.score_scale, env)
@@ -447,9 +465,7 @@ class _Context:
         plan = k.mask_plan
         assert plan is not None
 
-        prologue, score_lines = self.score_lines(env)
-        masks = [cx.triton_expr(m, env) for m in k.masks]
-        residual = [cx.triton_expr(m, env) for m in plan.residual]
+        prologue, _ = self.score_lines(env)
         program_dims = [a.dim for a in program_axes]
         return {
             "kernel_fn": f"_attncc_{cx.safe_name(k.name)}_split",
@@ -467,15 +483,7 @@ class _Context:
             # the visible key range never reads the query head (split_kv_blocker), so the
             # fused kernel's bounds hold for the split rows too
             "bounds": self.bounds(),
-            "loop": {
-                "key_var": cx.index_var(k.key_axis.index),
-                "key_dim": cx.safe_name(k.key_axis.dim),
-                "k_tile": k_parts["k_tile"],
-                "v_tile": v_parts["v_tile"],
-                "score_lines": score_lines,
-                "mask_all": _and(masks) or "True",
-                "residual_mask": _and(residual),
-            },
+            "loop": self.loop(env, k_parts, v_parts),
             "programs_host": " * ".join(f"sizes[{d!r}]" for d in program_dims) or "1",
             "group_host": (
                 f"sizes[{group.head.dim!r}] // sizes[{group.kv_dim!r}]" if group else "1"
@@ -487,7 +495,7 @@ class _Context:
     def fused(self) -> dict[str, Any]:
         k = self.k
         assert k.tiling is not None and k.mask_plan is not None
-        prologue, score_lines = self.score_lines()
+        prologue, _ = self.score_lines()
         row_ranges, tile_tests = self.tile_tests()
         scalars = self.env(vector=False)
         k_parts = self.kv_operand(k.key, k.head_axis.index, scalars)
@@ -495,9 +503,6 @@ class _Context:
         kernel_params, launch_args = self.kernel_params()
         o, lse = self.output()
         env = self.env()
-        plan = k.mask_plan
-        masks = [cx.triton_expr(m, env) for m in k.masks]
-        residual = [cx.triton_expr(m, env) for m in plan.residual]
         query = k.query_axis
         batch_programs = " * ".join(f"sizes[{a.dim!r}]" for a in k.batch_axes) or "1"
         return {
@@ -513,8 +518,6 @@ class _Context:
             "batch_programs": batch_programs,
             "host_key_size": f"sizes[{k.key_axis.dim!r}]",
             "query_var": cx.index_var(query.index) if query else None,
-            "key_var": cx.index_var(k.key_axis.index),
-            "key_dim": cx.safe_name(k.key_axis.dim),
             "q_name": k.query.tensor,
             "k_name": k.key.tensor,
             "v_name": k.value.tensor,
@@ -525,20 +528,9 @@ class _Context:
             "o": o,
             "lse": lse,
             "prologue_lines": prologue + row_ranges,
-            "loop": {
-                "key_var": cx.index_var(k.key_axis.index),
-                "key_dim": cx.safe_name(k.key_axis.dim),
-                "k_tile": k_parts["k_tile"],
-                "v_tile": v_parts["v_tile"],
-                "score_lines": score_lines,
-                "mask_all": _and(masks) or "True",
-                "residual_mask": _and(residual),
-            },
+            "loop": self.loop(env, k_parts, v_parts),
             "tile_tests": tile_tests,
-            "score_lines": score_lines,
             "bounds": self.bounds(),
-            "mask_all": _and(masks) or "True",
-            "residual_mask": _and(residual),
             "output": {
                 "dims": list(k.output.dims),
                 "lse_dims": [a.dim for a in k.batch_axes] + ([query.dim] if query else []),
