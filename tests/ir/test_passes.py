@@ -226,6 +226,8 @@ MASK_PLANS = {
     "document_mask": ([], [("m + 1", 1)], ["doc[b, m] == doc[b, n]"]),
     "decode": ([], [("cache_len[b]", 0)], []),
     "paged_decode": ([], [("cache_len[b]", 0)], []),
+    "decode_window": ([("cache_len[b] - window", 0)], [("cache_len[b]", 0)], []),
+    "speculative_decode": ([], [("m + (cache_len[b] - M) + 1", 1)], []),
     "naive": ([], [], []),
     "fused": ([], [], []),
     "bias": ([], [], []),
