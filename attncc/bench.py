@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -273,10 +274,34 @@ def _time(fn: Callable[[], Any], graphed: bool) -> float:
     return float(triton.testing.do_bench(fn, return_mode="median"))
 
 
+@dataclass
+class Startup:
+    """Seconds from spec to module (``attncc.compile``), and the first call of each shape:
+    Triton's JIT (or its disk cache) plus autotuning unless the tuning cache has the shape."""
+
+    compile_s: float
+    first_calls: list[tuple[str, float, int]] = field(default_factory=list)  # shape, s, tunings
+
+    def __str__(self) -> str:
+        calls = ", ".join(
+            f"{shape}: {s:.2f} s" + (" (autotuned)" if tuned else "")
+            for shape, s, tuned in self.first_calls
+        )
+        return f"attncc.compile {self.compile_s:.3f} s; first calls: {calls}"
+
+
 def bench_spec(
-    spec: str, shapes: list[Shape] | None, dtype: str, against: list[str], documents: int = 4
+    spec: str,
+    shapes: list[Shape] | None,
+    dtype: str,
+    against: list[str],
+    documents: int = 4,
+    startup: Startup | None = None,
 ) -> list[Row]:
+    began = time.perf_counter()
     kernel = attncc.compile(spec)
+    if startup is not None:
+        startup.compile_s = time.perf_counter() - began
     rows = []
     for shape in shapes or default_shapes(kernel.ir):
         sizes = sizes_for(kernel.ir, shape)
@@ -292,8 +317,12 @@ def bench_spec(
         def run(ordered: list[torch.Tensor] = ordered) -> Any:
             return kernel(*ordered)
 
-        run()  # the first call may autotune: keep it out of the timing
+        tuned, began = kernel.tuner.tuned, time.perf_counter()
+        run()  # the first call may compile and autotune: keep it out of the timing
         torch.cuda.synchronize()
+        if startup is not None:
+            first = time.perf_counter() - began
+            startup.first_calls.append((str(shape), first, kernel.tuner.tuned - tuned))
         graphed = rows_m <= 16
         ms = _time(run, graphed)
         kv_bytes = sum(
@@ -345,8 +374,10 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     shapes = [Shape.parse(s) for s in args.shapes.split(";") if s] or None
-    rows = bench_spec(args.spec, shapes, args.dtype, against)
+    startup = Startup(0.0)
+    rows = bench_spec(args.spec, shapes, args.dtype, against, startup=startup)
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(startup)
     print(format_rows(rows, against))
     if getattr(args, "json", None):
         with open(args.json, "a") as f:
