@@ -9,12 +9,7 @@ from typing import Any
 from attncc.codegen import triton as triton_backend
 from attncc.ir import lower
 from attncc.ir.nodes import AttentionKernel, Schedule
-from attncc.passes import run_passes
-from attncc.passes.base import Pass
-from attncc.passes.gqa import GqaMapping
-from attncc.passes.mask_analysis import MaskAnalysis
-from attncc.passes.schedule import ChooseSchedule
-from attncc.passes.tiling import Tile
+from attncc.passes import default_passes, run_passes
 from attncc.runtime.kernel import Kernel
 from attncc.spec import CheckedSpec, load
 
@@ -32,8 +27,7 @@ def optimise(
             f"unknown option {', '.join(unknown)}; options are {', '.join(_TILING_OPTIONS)}"
         )
     checked = load(spec)
-    passes: list[Pass] = [GqaMapping(), MaskAnalysis(), ChooseSchedule(schedule), Tile(**options)]
-    return checked, run_passes(lower(checked), passes)
+    return checked, run_passes(lower(checked), default_passes(schedule, **options))
 
 
 def build(

@@ -13,8 +13,17 @@ from attncc.passes.schedule import ChooseSchedule
 from attncc.passes.tiling import Tile
 
 
-def default_passes(schedule: Schedule | None = None) -> list[Pass]:
-    return [GqaMapping(), MaskAnalysis(), ChooseSchedule(schedule), Tile()]
+def default_passes(
+    schedule: Schedule | None = None,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> list[Pass]:
+    """The pipeline; the tiling options pin a block size, warps or stages in every rule."""
+    tile = Tile(block_m, block_n, num_warps, num_stages)
+    return [GqaMapping(), MaskAnalysis(), ChooseSchedule(schedule), tile]
 
 
 PASS_NAMES = tuple(p.name for p in default_passes())

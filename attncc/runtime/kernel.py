@@ -71,19 +71,20 @@ class Kernel:
         out, lse = self._op(*inputs, *values, return_lse=return_lse)
         return (out, lse) if return_lse else out
 
-    def _split(self, args: tuple[Any, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Undo the op's flat argument list: inputs, then params (None: default)."""
+    def _split(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        """Undo the op's flat argument list: inputs, params (None: default), return_lse."""
         n, p = len(self.input_names), len(self.param_names)
         tensors = dict(zip(self.input_names, args[:n], strict=True))
-        # the dispatcher may drop trailing arguments left at their defaults (None)
+        # the dispatcher may drop trailing arguments left at their defaults (None, False)
         values = (*args[n : n + p], *([None] * p))[:p]
         params = {k: v for k, v in zip(self.param_names, values, strict=True) if v is not None}
-        return tensors, params
+        return_lse = bool(kwargs.get("return_lse", args[n + p] if len(args) > n + p else False))
+        return tensors, params, return_lse
 
     def _run(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        tensors, params = self._split(args)
-        n = len(self.input_names) + len(self.param_names)
-        return_lse = bool(kwargs.get("return_lse", args[n] if len(args) > n else False))
+        tensors, params, return_lse = self._split(args, kwargs)
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
         module = self.module(interpreted=on_cpu)
         if on_cpu:
@@ -95,9 +96,7 @@ class Kernel:
         return out, lse
 
     def _fake(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        tensors, params = self._split(args)
-        n = len(self.input_names) + len(self.param_names)
-        return_lse = bool(kwargs.get("return_lse", args[n] if len(args) > n else False))
+        tensors, params, return_lse = self._split(args, kwargs)
         module = self.module(False)
         sizes, dtype, device = module._check(tensors, params)
         out_dims = [sizes[d] for d in self.ir.output.dims]
