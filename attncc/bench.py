@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 import attncc
-from attncc.checking import index_tensor_dims
+from attncc.checking import derive_sizes, index_tensor_dims
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of
 from attncc.text import format_table
@@ -91,13 +91,8 @@ def sizes_for(kernel: ir.AttentionKernel, shape: Shape) -> dict[str, int]:
         sizes[kernel.query_axis.dim] = shape.seq
     sizes[kernel.head_axis.dim] = shape.head_dim
     sizes[kernel.value_axis.dim] = shape.head_dim
-    for dim, value in kernel.derived_dims:
-        if dim == kernel.key_axis.dim and isinstance(value, ir.BinOp):
-            # a paged cache N = NP * PAGE: pages of 16 tokens, a pool with a page per slot
-            assert isinstance(value.left, ir.Dim) and isinstance(value.right, ir.Dim)
-            sizes[value.right.name] = 16
-            sizes[value.left.name] = -(-shape.seq // 16)
-        sizes[dim] = int(evaluate(value, {}, sizes, {}, {}))
+    derive_sizes(kernel, sizes, shape.seq, page=16)
+    # a page pool with a page for every slot of the page table
     for tensor, dim in index_tensor_dims(kernel).items():
         sizes[dim] = math.prod(sizes[d] for d in kernel.tensor(tensor).dims)
     return sizes

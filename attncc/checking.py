@@ -77,15 +77,7 @@ def draw_sizes(
         sizes[kernel.group.head.dim] = kv * int(rng.integers(1, 4))
     for dim in index_tensor_dims(kernel).values():
         sizes[dim] = int(rng.integers(1, 64))  # a pool to pick from (pages)
-    for dim, value in kernel.derived_dims:
-        if dim == kernel.key_axis.dim and _is_product_of_dims(value):
-            # a paged key axis N = NP * PAGE: any page size, and pages enough for the length
-            assert isinstance(value, ir.BinOp)
-            pages, page = value.left, value.right
-            assert isinstance(pages, ir.Dim) and isinstance(page, ir.Dim)
-            sizes[page.name] = int(rng.integers(1, 18))
-            sizes[pages.name] = -(-int(rng.integers(1, max_len + 1)) // sizes[page.name])
-        sizes[dim] = int(evaluate(value, {}, sizes, {}, {}))
+    derive_sizes(kernel, sizes, int(rng.integers(1, max_len + 1)), int(rng.integers(1, 18)))
     if kernel.schedule == "split_kv" and kernel.query_axis is not None:
         # split-KV holds every (query head of a group, query) row in one tile: at most 128
         group = sizes[kernel.group.head.dim] // sizes[kernel.group.kv_dim] if kernel.group else 1
@@ -96,13 +88,23 @@ def draw_sizes(
     return sizes
 
 
-def _is_product_of_dims(value: ir.Expr) -> bool:
-    return (
-        isinstance(value, ir.BinOp)
-        and value.op == "*"
-        and isinstance(value.left, ir.Dim)
-        and isinstance(value.right, ir.Dim)
-    )
+def derive_sizes(
+    kernel: AttentionKernel, sizes: dict[str, int], key_length: int, page: int
+) -> dict[str, int]:
+    """Compute the derived dims into ``sizes``. A paged key axis ``N = NP * PAGE`` first gets
+    pages of ``page`` tokens, and pages enough for ``key_length`` keys."""
+    for dim, value in kernel.derived_dims:
+        if (
+            dim == kernel.key_axis.dim
+            and isinstance(value, ir.BinOp)
+            and value.op == "*"
+            and isinstance(value.left, ir.Dim)
+            and isinstance(value.right, ir.Dim)
+        ):
+            sizes[value.right.name] = page
+            sizes[value.left.name] = -(-key_length // page)
+        sizes[dim] = int(evaluate(value, {}, sizes, {}, {}))
+    return sizes
 
 
 def index_tensor_dims(kernel: AttentionKernel) -> dict[str, str]:

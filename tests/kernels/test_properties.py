@@ -22,9 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attncc
-from attncc import torch_eval
-from attncc.checking import index_tensor_dims
-from attncc.ir import nodes as ir
+from attncc.checking import derive_sizes, index_tensor_dims
 from attncc.ir.nodes import AttentionKernel
 from attncc.reference import reference
 from attncc.runtime.kernel import Kernel
@@ -75,15 +73,9 @@ def sizes_for(draw: st.DrawFn, kernel: AttentionKernel, lengths: st.SearchStrate
         sizes[kernel.group.head.dim] = kv_heads * draw(st.integers(1, 3))
     for dim in index_tensor_dims(kernel).values():
         sizes[dim] = draw(st.integers(1, 40))  # the pool a page table picks from
-    for dim, value in kernel.derived_dims:
-        if dim == kernel.key_axis.dim and isinstance(value, ir.BinOp):
-            # a paged key axis N = NP * PAGE: any page size, pages enough for the drawn length
-            assert isinstance(value.left, ir.Dim) and isinstance(value.right, ir.Dim)
-            page = draw(st.sampled_from([1, 2, 3, 16, 17]))
-            sizes[value.right.name] = page
-            sizes[value.left.name] = -(-sizes[dim] // page)
-        sizes[dim] = int(torch_eval.evaluate(value, {}, sizes, {}, {}))
-    return sizes
+    # a paged key axis N = NP * PAGE: any page size, pages enough for the drawn length
+    page = draw(st.sampled_from([1, 2, 3, 16, 17]))
+    return derive_sizes(kernel, sizes, sizes[kernel.key_axis.dim], page)
 
 
 def int_param(name: str, key_len: int) -> st.SearchStrategy[int]:
