@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from attncc.ir import nodes as ir
 
@@ -78,9 +78,13 @@ class TritonEnv:
     tensors: Mapping[str, ir.TensorArg]
     vector_indices: frozenset[str] = frozenset()
     score: str = "s"
+    # subexpressions already held in a variable (a key tile's page-table entries)
+    named: Mapping[ir.Expr, str] = field(default_factory=dict)
 
 
 def triton_expr(expr: ir.Expr, env: TritonEnv) -> str:
+    if expr in env.named:
+        return env.named[expr]
     match expr:
         case ir.Const(value=value, type=t):
             if isinstance(value, bool):

@@ -7,7 +7,7 @@ All decisions (names, offsets, bounds, score lines) are made here, once; the tem
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +136,13 @@ class _Context:
         ``replaced`` maps whole subscripts to scalar variables (split-KV's kv head)."""
         base: list[str] = []
         linear, gather, col_stride = None, [], "0"
-        # gathers see the tile's keys as a vector ``offs_n``; batch indices stay scalars
+        # gathers see the tile's keys as a vector ``offs_n``; batch indices stay scalars;
+        # tensor reads through the key (page-table entries) are loaded once per tile
         keys = cx.TritonEnv(
-            {**env.indices, self.key: "offs_n"}, self.tensors, frozenset({self.key})
+            {**env.indices, self.key: "offs_n"},
+            self.tensors,
+            frozenset({self.key}),
+            named=self.gathers(),
         )
         for axis, sub in enumerate(operand.indices):
             stride = cx.stride_var(operand.tensor, axis)
@@ -167,6 +171,32 @@ class _Context:
             "k_keys": f"offs_n[None, :] * {linear}" if linear else f"({per_key})[None, :]",
             "v_keys": f"offs_n[:, None] * {linear}" if linear else f"({per_key})[:, None]",
         }
+
+    def gathers(self) -> dict[ir.Expr, str]:
+        """Tensor reads in the key and value subscripts that depend on the key index (a paged
+        cache's page-table entries), each named once: K and V of a tile share one load."""
+        found: dict[ir.Expr, str] = {}
+        for operand in (self.k.key, self.k.value):
+            for sub in operand.indices:
+                # innermost reads first, so each line only uses names defined before it
+                for e in reversed(list(subexprs(sub))):
+                    if isinstance(e, ir.Load) and self.key in indices_of(e) and e not in found:
+                        found[e] = f"gather_{len(found)}"
+        return found
+
+    def gather_lines(self, env: cx.TritonEnv) -> list[str]:
+        """Per key tile: ``gather_i = <load>`` for every named read, in dependency order."""
+        keys = cx.TritonEnv(
+            {**env.indices, self.key: "offs_n"}, self.tensors, frozenset({self.key})
+        )
+        lines: list[str] = []
+        named: dict[ir.Expr, str] = {}
+        for expr, var in self.gathers().items():
+            # int64: page index * page stride passes 2**31 elements in large page pools
+            load = cx.triton_expr(expr, replace(keys, named=dict(named)))
+            lines.append(f"{var} = ({load}).to(tl.int64)")
+            named[expr] = var
+        return lines
 
     def output(self) -> tuple[dict[str, str], dict[str, str]]:
         out = self.k.output
@@ -258,6 +288,7 @@ class _Context:
             "key_dim": cx.safe_name(self.k.key_axis.dim),
             "k_tile": k_parts["k_tile"],
             "v_tile": v_parts["v_tile"],
+            "gather_lines": self.gather_lines(env),
             "score_lines": self.score_lines(env)[1],
             "mask_all": _and(masks) or "True",
             "residual_mask": _and(residual),
@@ -308,7 +339,8 @@ class _Context:
         axes = self.k.batch_axes
         if not axes:
             return []
-        lines = ["rest = pid_batch"]
+        # int64 from here: batch offsets (b * stride) pass 2**31 elements on large inputs
+        lines = ["rest = pid_batch.to(tl.int64)"]
         for axis in reversed(axes[1:]):
             var, size = cx.index_var(axis.index), cx.dim_var(axis.dim)
             lines += [f"{var} = rest % {size}", f"rest = rest // {size}"]
@@ -415,7 +447,7 @@ class _Context:
             kv_head if group and a.index == group.kv_dim else cx.index_var(a.index)
             for a in program_axes
         ]
-        lines = ["rest = pid_batch"] if names else []
+        lines = ["rest = pid_batch.to(tl.int64)"] if names else []
         for axis, var in reversed(list(zip(program_axes, names, strict=True))[1:]):
             size = cx.dim_var(axis.dim)
             lines += [f"{var} = rest % {size}", f"rest = rest // {size}"]

@@ -29,12 +29,16 @@ PREFILL_CANDIDATES = (
     TileConfig(128, 32, 4, 4),
     TileConfig(64, 32, 4, 2),
 )
-SINGLE_QUERY_CANDIDATES = (
-    TileConfig(16, 64, 4, 3),
-    TileConfig(16, 128, 4, 3),
-    TileConfig(16, 64, 4, 4),
-    TileConfig(16, 32, 4, 4),
-    TileConfig(16, 128, 8, 3),
+# split-KV (decode): tile and `waves`, how many times over the key-axis splits fill the GPU
+SPLIT_CANDIDATES = (
+    (TileConfig(16, 64, 4, 3), 2),
+    (TileConfig(16, 128, 4, 3), 2),
+    (TileConfig(16, 64, 4, 4), 4),
+    (TileConfig(16, 32, 4, 4), 4),
+    (TileConfig(16, 128, 8, 3), 2),
+    (TileConfig(16, 64, 4, 3), 1),
+    (TileConfig(16, 128, 4, 3), 4),
+    (TileConfig(16, 64, 4, 3), 8),
 )
 
 
@@ -42,13 +46,14 @@ def enabled() -> bool:
     return os.environ.get("ATTNCC_AUTOTUNE", "1") != "0"
 
 
-def _as_launch(config: TileConfig) -> dict[str, int]:
-    return {
+def _as_launch(config: TileConfig, waves: int | None = None) -> dict[str, int]:
+    launch = {
         "BLOCK_M": config.block_m,
         "BLOCK_N": config.block_n,
         "num_warps": config.num_warps,
         "num_stages": config.num_stages,
     }
+    return launch if waves is None else {**launch, "waves": waves}
 
 
 def _do_bench(fn: Callable[[], Any], config: dict[str, int]) -> float:
@@ -118,7 +123,11 @@ class Tuner:
         if stored is None:
             rows = sizes[self.kernel.query_axis.dim] if self.kernel.query_axis else 1
             split = self.kernel.schedule == "split_kv" or rows <= self.kernel.split_max_queries
-            candidates = SINGLE_QUERY_CANDIDATES if split else PREFILL_CANDIDATES
+            candidates = (
+                [_as_launch(tile, waves) for tile, waves in SPLIT_CANDIDATES]
+                if split
+                else [_as_launch(tile) for tile in PREFILL_CANDIDATES]
+            )
             stored = self._tune(module, tensors, params, return_lse, candidates)
             merged = self._load()
             merged[key] = stored
@@ -132,12 +141,11 @@ class Tuner:
         tensors: dict[str, Any],
         params: dict[str, Any],
         return_lse: bool,
-        candidates: tuple[TileConfig, ...],
+        candidates: list[dict[str, int]],
     ) -> dict[str, int]:
         self.tuned += 1
         best: tuple[float, dict[str, int]] | None = None
-        for candidate in candidates:
-            launch = _as_launch(candidate)
+        for launch in candidates:
 
             def run(launch: dict[str, int] = launch) -> Any:
                 return module._forward(tensors, params, return_lse, launch)

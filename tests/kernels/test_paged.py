@@ -60,3 +60,33 @@ def test_paged_decode_passes_check(schedule: str | None) -> None:
     kernel = attncc.compile(EXAMPLES / "paged_decode.attn", schedule=schedule)
     results = check(kernel, trials=6, seed=21, max_len=200)
     assert all(r.ok for r in results), table(results)
+
+
+def test_page_table_read_once_per_key_tile() -> None:
+    # K and V of a tile share the page-table entries: one gathered load, named gather_0
+    source = attncc.compile(EXAMPLES / "paged_decode.attn").source
+    loop_bodies = source.split("for start_n in range(")[1:]
+    assert loop_bodies
+    for body in loop_bodies:
+        body = body.split("m_i = m_new")[0]
+        assert body.count("t_page_table +") == 1, body
+        assert "gather_0" in body.split("k = tl.load(")[1].split("\n")[0]
+
+
+def test_split_merge_leaves_arrival_counters_zero() -> None:
+    # the last chunk to arrive merges and resets its counter: a second call must see zeros
+    gen = torch.Generator().manual_seed(7)
+    kernel = attncc.compile(EXAMPLES / "decode.attn")
+    for length in (70, 33):
+        q = torch.randn(2, 4, 32, generator=gen)
+        k = torch.randn(2, length, 2, 32, generator=gen)
+        v = torch.randn(2, length, 2, 32, generator=gen)
+        lengths = torch.tensor([length, length - 5], dtype=torch.int32)
+        out = kernel(q, k, v, lengths)
+        scores = torch.einsum("bhd,bnhd->bhn", q, k.repeat_interleave(2, dim=2)) / 32**0.5
+        keep = torch.arange(length)[None, None, :] < lengths[:, None, None]
+        probs = scores.masked_fill(~keep, float("-inf")).softmax(-1)
+        expected = torch.einsum("bhn,bnhd->bhd", probs, v.repeat_interleave(2, dim=2))
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        for buffers in kernel.module(interpreted=True)._ARRIVALS.values():
+            assert all(int(b.abs().sum()) == 0 for b in buffers)
