@@ -3,8 +3,9 @@
 # example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
 # Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [matrix] [startup]
-#   (default: tests check bench startup; `quick` is one shape a variant, `matrix` a mid-size set)
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [matrix] [startup] [decode]
+#   (default: tests check bench startup; `quick` is one shape a variant, `matrix` a mid-size set,
+#   `decode` the split-KV specs only: their GPU tests, checks and benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attncc_gpu_out}
@@ -69,6 +70,16 @@ if has bench; then
     bench examples/paged_decode.attn "1,32:8,8192,128;8,32:8,8192,128;8,32:8,32768,128" bf16
 fi
 
+
+if has decode; then
+    ATTNCC_AUTOTUNE=0 python3 -m pytest -q -m gpu tests/gpu -k "decode or split_kv" 2>&1 | tee "$OUT/gpu_tests_decode.log" | tail -3
+    for spec in decode paged_decode decode_window speculative_decode; do
+        ATTNCC_AUTOTUNE=0 python3 -m attncc check "examples/$spec.attn" --device cuda --trials 6 --max-len 4096 || echo "CHECK FAILED: $spec"
+    done 2>&1 | tee "$OUT/check_decode.log" | grep -E "passed|FAILED"
+    decode_shapes="1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128"
+    bench examples/decode.attn "$decode_shapes" bf16
+    bench examples/paged_decode.attn "$decode_shapes" bf16
+fi
 
 if has tests; then
     # correctness runs use the default configurations: tuning every random shape would take hours

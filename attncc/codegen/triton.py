@@ -184,18 +184,19 @@ class _Context:
                         found[e] = f"gather_{len(found)}"
         return found
 
-    def gather_lines(self, env: cx.TritonEnv) -> list[str]:
-        """Per key tile: ``gather_i = <load>`` for every named read, in dependency order."""
-        keys = cx.TritonEnv(
-            {**env.indices, self.key: "offs_n"}, self.tensors, frozenset({self.key})
-        )
+    def gather_lines(
+        self, env: cx.TritonEnv, keys: str = "offs_n", prefix: str = "gather_"
+    ) -> list[str]:
+        """``<prefix>i = <load>`` for every named read of the keys ``keys``, innermost first."""
+        key_env = cx.TritonEnv({**env.indices, self.key: keys}, self.tensors, frozenset({self.key}))
         lines: list[str] = []
         named: dict[ir.Expr, str] = {}
         for expr, var in self.gathers().items():
             # int64: page index * page stride passes 2**31 elements in large page pools
-            load = cx.triton_expr(expr, replace(keys, named=dict(named)))
-            lines.append(f"{var} = ({load}).to(tl.int64)")
-            named[expr] = var
+            load = cx.triton_expr(expr, replace(key_env, named=dict(named)))
+            renamed = var.replace("gather_", prefix, 1)
+            lines.append(f"{renamed} = ({load}).to(tl.int64)")
+            named[expr] = renamed
         return lines
 
     def output(self) -> tuple[dict[str, str], dict[str, str]]:
@@ -289,6 +290,12 @@ class _Context:
             "k_tile": k_parts["k_tile"],
             "v_tile": v_parts["v_tile"],
             "gather_lines": self.gather_lines(env),
+            "has_gathers": bool(self.gathers()),
+            "gather_take": [
+                f"{var} = {var.replace('gather_', 'gather_next_', 1)}"
+                for var in self.gathers().values()
+            ],
+            "gather_prefetch": self.gather_lines(env, "offs_next", "gather_next_"),
             "score_lines": self.score_lines(env)[1],
             "mask_all": _and(masks) or "True",
             "residual_mask": _and(residual),

@@ -1,0 +1,69 @@
+"""Time every launch configuration of a spec on one shape (GPU): what the autotuner chooses
+from, and whether the candidate list or the defaults should change.
+
+    python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16]
+
+Decode-sized calls (<= 16 queries) sweep tile x `waves` (split count) and are timed as
+CUDA-graph replays over rotating input copies (cold L2), as `attncc bench` times them;
+prefill calls sweep tiles with `do_bench`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import torch
+
+import attncc
+from attncc.bench import DTYPES, Shape, _time, bench_inputs, cold_copies, sizes_for
+
+spec, shape_text = sys.argv[1], sys.argv[2]
+dtype = DTYPES[sys.argv[3] if len(sys.argv) > 3 else "bf16"]
+kernel = attncc.compile(spec)
+shape = Shape.parse(shape_text)
+sizes = sizes_for(kernel.ir, shape)
+inputs = bench_inputs(kernel.ir, sizes, dtype, documents=4)
+rows = sizes[kernel.ir.query_axis.dim] if kernel.ir.query_axis else 1
+graphed = rows <= 16
+copies = cold_copies(inputs) if graphed else [inputs]
+module = kernel.module(interpreted=False)
+params = kernel.param_defaults(sizes)
+kv_names = (kernel.ir.key.tensor, kernel.ir.value.tensor)
+kv_bytes = sum(inputs[t].numel() * inputs[t].element_size() for t in kv_names)
+
+if graphed:
+    configs = [
+        {"BLOCK_M": 16, "BLOCK_N": n, "num_warps": w, "num_stages": s, "waves": waves}
+        for n, w, s, waves in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (1, 2, 4, 8))
+        if not (n == 32 and w == 8)
+    ]
+else:
+    configs = [
+        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
+        for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))
+        if not (m == 64 and w == 8)
+    ]
+
+results = []
+for config in configs:
+    runs = []
+    for c in copies:
+        tensors, bound = module._bind([c[n] for n in kernel.input_names], {})
+        full = {**params, **bound}
+        runs.append(lambda t=tensors, p=full, cfg=config: module._forward(t, p, False, cfg))
+    try:
+        runs[0]()
+        torch.cuda.synchronize()
+        ms = _time(runs, graphed)
+    except Exception as err:  # shared memory or register limits: report and go on
+        print(f"{config}: {type(err).__name__}: {str(err)[:120]}")
+        continue
+    results.append((ms, config))
+
+results.sort(key=lambda r: r[0])
+print(f"{kernel.name} {shape_text} {dtype} on {torch.cuda.get_device_name()}")
+for ms, config in results[:12]:
+    extra = f"{kv_bytes / (ms * 1e-3) / 1e12:.2f} TB/s" if graphed else ""
+    print(f"  {ms * 1e3:8.1f} us  {extra}  {config}")
+print(f"  (worst {results[-1][0] * 1e3:.1f} us of {len(results)})")
