@@ -3,7 +3,7 @@
 # example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
 # Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [matrix] [startup] [decode]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [matrix] [startup] [decode] [sweep]
 #   (default: tests check bench startup; `quick` is one shape a variant, `matrix` a mid-size set,
 #   `decode` the split-KV specs only: their GPU tests, checks and benchmarks)
 set -uo pipefail
@@ -79,6 +79,15 @@ if has decode; then
     decode_shapes="1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128"
     bench examples/decode.attn "$decode_shapes" bf16
     bench examples/paged_decode.attn "$decode_shapes" bf16
+fi
+
+if has sweep; then
+    # every launch configuration of a few shapes: is the candidate list right, does TMA pay
+    for args in "causal 4,16,4096,128" "fused 4,16,4096,128" "decode 1,32:8,8192,128" \
+                "decode 8,32:8,8192,128" "paged_decode 8,32:8,32768,128"; do
+        set -- $args
+        python3 benchmarks/sweep.py "examples/$1.attn" "$2" 2>&1 | grep -v Warning | tee -a "$OUT/sweep.log"
+    done
 fi
 
 if has tests; then

@@ -5,7 +5,7 @@ from, and whether the candidate list or the defaults should change.
 
 Decode-sized calls (<= 16 queries) sweep tile x `waves` (split count) and are timed as
 CUDA-graph replays over rotating input copies (cold L2), as `attncc bench` times them;
-prefill calls sweep tiles with `do_bench`.
+prefill calls sweep tiles, with and without TMA descriptors, with `do_bench`.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ if graphed:
         if not (n == 32 and w == 8)
     ]
 else:
+    tiles = ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 128, 8, 3))
+    tiles += ((64, 64, 4, 3), (128, 32, 4, 4), (128, 64, 8, 4), (64, 128, 4, 3))
     configs = [
-        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
-        for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))
-        if not (m == 64 and w == 8)
+        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s, "tma": tma}
+        for (m, n, w, s), tma in itertools.product(tiles, (True, False))
     ]
 
 results = []

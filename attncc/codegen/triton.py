@@ -128,7 +128,7 @@ class _Context:
         col: str,
         env: cx.TritonEnv,
         replaced: dict[ir.Expr, str] | None = None,
-    ) -> dict[str, str]:
+    ) -> dict[str, Any]:
         """Keys or values: a per-program base, the head-dim stride, and how a tile's keys
         offset it: ``start_n * stride`` for a plain key subscript, or a per-key gather when
         the key index goes through other tensors (a paged cache's page table).
@@ -160,7 +160,9 @@ class _Context:
             gather.append(f"offs_n * {linear}")
             linear = None
         per_key = " + ".join(gather)
+        tma = self.descriptor(operand, col, env, replaced)
         return {
+            **tma,
             "base": " + ".join(base) or "0",
             "col": col_stride,
             # K tiles are [head dim, keys]; V tiles [keys, head dim]
@@ -171,6 +173,44 @@ class _Context:
             "k_keys": f"offs_n[None, :] * {linear}" if linear else f"({per_key})[None, :]",
             "v_keys": f"offs_n[:, None] * {linear}" if linear else f"({per_key})[:, None]",
         }
+
+    def descriptor(
+        self,
+        operand: ir.Operand,
+        col: str,
+        env: cx.TritonEnv,
+        replaced: dict[ir.Expr, str] | None,
+    ) -> dict[str, Any]:
+        """Whether K or V tiles can be loaded through a TMA tensor descriptor, and how.
+
+        Possible when the key subscript is the plain key index, the head dim is the last
+        axis (contiguous at run time: the host checks strides and falls back to pointer
+        loads) and no subscript reads through the key. The descriptor covers the whole
+        tensor; a tile is the box [1, .., BLOCK_N (key axis), .., BLOCK_D (last axis)] at
+        these coordinates, and out-of-range keys and head-dim columns arrive as zeros."""
+        subs = operand.indices
+        key_axes = [i for i, s in enumerate(subs) if s == ir.Index(self.key)]
+        ok = (
+            len(key_axes) == 1
+            and subs[-1] == ir.Index(col)
+            and len(subs) <= 5
+            and not any(self.key in indices_of(s) for i, s in enumerate(subs) if i not in key_axes)
+        )
+        if not ok:
+            return {"tma": False, "coords": "", "box": ""}
+        coords, box = [], []
+        for axis, sub in enumerate(subs):
+            if axis == key_axes[0]:
+                coords.append("start_n")
+                box.append("block_n")
+            elif axis == len(subs) - 1:
+                coords.append("0")
+                box.append("block_d" if operand is self.k.key else "block_dv")
+            else:
+                value = replaced[sub] if replaced and sub in replaced else cx.triton_expr(sub, env)
+                coords.append(f"({value}).to(tl.int32)")
+                box.append("1")
+        return {"tma": True, "coords": ", ".join(coords), "box": ", ".join(box)}
 
     def gathers(self) -> dict[ir.Expr, str]:
         """Tensor reads in the key and value subscripts that depend on the key index (a paged
@@ -277,14 +317,22 @@ class _Context:
         return before, inside
 
     def loop(
-        self, env: cx.TritonEnv, k_parts: dict[str, str], v_parts: dict[str, str]
+        self,
+        env: cx.TritonEnv,
+        k_parts: dict[str, Any],
+        v_parts: dict[str, Any],
+        descriptors: bool = False,
     ) -> dict[str, Any]:
-        """The key loop's values (attend.py.jinja) for index variables as in ``env``."""
+        """The key loop's values (attend.py.jinja) for index variables as in ``env``;
+        ``descriptors``: the kernel may load K and V tiles through TMA descriptors."""
         plan = self.k.mask_plan
         assert plan is not None
         masks = [cx.triton_expr(m, env) for m in self.k.masks]
         residual = [cx.triton_expr(m, env) for m in plan.residual]
         return {
+            "tma": descriptors and k_parts["tma"] and v_parts["tma"],
+            "k_coords": k_parts["coords"],
+            "v_coords": v_parts["coords"],
             "key_var": cx.index_var(self.k.key_axis.index),
             "key_dim": cx.safe_name(self.k.key_axis.dim),
             "k_tile": k_parts["k_tile"],
@@ -567,7 +615,7 @@ class _Context:
             "o": o,
             "lse": lse,
             "prologue_lines": prologue + row_ranges,
-            "loop": self.loop(env, k_parts, v_parts),
+            "loop": self.loop(env, k_parts, v_parts, descriptors=True),
             "tile_tests": tile_tests,
             "bounds": self.bounds(),
             "output": {
