@@ -94,9 +94,9 @@ def _always(op: str, row_lo: str, row_hi: str, key_lo: str, key_hi: str) -> str:
     }[op]
 
 
-def _value_range(values: str, expr: str, exact: bool, lo: str, hi: str) -> list[str]:
-    """Lines giving ``lo``/``hi``, the min and max of the vector ``expr`` (no padding: callers
-    clamp padded rows and keys onto real ones, which leaves min and max unchanged).
+def _value_range(values: str, expr: str, exact: bool, axis: int, lo: str, hi: str) -> list[str]:
+    """Lines giving ``lo``/``hi``, the min and max of ``expr`` along ``axis`` (no padding:
+    callers clamp padded rows and keys onto real ones, which leaves min and max unchanged).
 
     Integers compare as int64 (exact, whatever the ids); a float side makes both float32,
     as the per-element mask compares them. A NaN passes no comparison but ``!=``: it widens
@@ -104,14 +104,14 @@ def _value_range(values: str, expr: str, exact: bool, lo: str, hi: str) -> list[
     if exact:
         return [
             f"{values} = ({expr}).to(tl.int64)",
-            f"{lo} = tl.reduce({values}, 0, _min_combine)",
-            f"{hi} = tl.reduce({values}, 0, _max_combine)",
+            f"{lo} = tl.reduce({values}, {axis}, _min_combine)",
+            f"{hi} = tl.reduce({values}, {axis}, _max_combine)",
         ]
     number = f"{values} == {values}"
     return [
         f"{values} = ({expr}).to(tl.float32)",
-        f'{lo} = tl.reduce(tl.where({number}, {values}, float("-inf")), 0, _min_combine)',
-        f'{hi} = tl.reduce(tl.where({number}, {values}, float("inf")), 0, _max_combine)',
+        f'{lo} = tl.reduce(tl.where({number}, {values}, float("-inf")), {axis}, _min_combine)',
+        f'{hi} = tl.reduce(tl.where({number}, {values}, float("inf")), {axis}, _max_combine)',
     ]
 
 
@@ -245,44 +245,30 @@ class _Context:
         }
 
     def tile_index(self) -> dict[str, Any] | None:
-        """Render context of the tile index builders (tile_index.py.jinja), or None."""
+        """Render context of the tile index builder (tile_index.py.jinja), or None."""
         index = self.k.tile_index
         if index is None:
             return None
         assert self.query is not None
-        name = cx.safe_name(self.k.name)
         batch = {a.index: cx.index_var(a.index) for a in index.axes}
+        # rows: a vector over the query tile; keys: [key tiles of a chunk, keys of a tile]
         rows = cx.TritonEnv({**batch, self.query: "offs_m"}, self.tensors, frozenset({self.query}))
         keys = cx.TritonEnv({**batch, self.key: "offs_n"}, self.tensors, frozenset({self.key}))
-        key_lines: list[str] = []
         row_lines: list[str] = []
-        load_lines: list[str] = []
+        key_lines: list[str] = []
         live = ["tile_ok", "(start_n < hi)", "(start_n + BLOCK_N > lo)"]
         full = ["live", "(start_n >= full_lo)", "(start_n + BLOCK_N <= full_hi)"]
-        ranges, range_dtypes = [], []
         for i, sep in enumerate(index.masks):
             exact = sep.row.type != "float" and sep.key.type != "float"
             row_lo, row_hi, key_lo, key_hi = (
                 f"{x}_{i}" for x in ("row_lo", "row_hi", "key_lo", "key_hi")
             )
-            ranges.append(f"key_ranges_{i}")
-            range_dtypes.append("torch.int64" if exact else "torch.float32")
             row_lines += _value_range(
-                f"row_vals_{i}", cx.triton_expr(sep.row, rows), exact, row_lo, row_hi
+                f"row_vals_{i}", cx.triton_expr(sep.row, rows), exact, 0, row_lo, row_hi
             )
             key_lines += _value_range(
-                f"key_vals_{i}", cx.triton_expr(sep.key, keys), exact, key_lo, key_hi
+                f"key_vals_{i}", cx.triton_expr(sep.key, keys), exact, 1, key_lo, key_hi
             )
-            # [2, index programs, key tiles]: the min, then the max
-            key_lines += [
-                f"tl.store(key_ranges_{i} + pid_batch * KEY_TILES + pid_n, {key_lo})",
-                f"tl.store(key_ranges_{i} + (tl.num_programs(1) + pid_batch) * KEY_TILES"
-                f" + pid_n, {key_hi})",
-            ]
-            load_lines += [
-                f"{key_lo} = tl.load(key_ranges_{i} + ranges, mask=tile_ok, other=0)",
-                f"{key_hi} = tl.load(key_ranges_{i} + ranges_hi + ranges, mask=tile_ok, other=0)",
-            ]
             live.append(f"({_can_meet(sep.op, row_lo, row_hi, key_lo, key_hi)})")
             full.append(f"({_always(sep.op, row_lo, row_hi, key_lo, key_hi)})")
         program, programs = "0", "1"
@@ -291,17 +277,13 @@ class _Context:
             program = var if program == "0" else f"({program}) * {size} + {var}"
             programs = size if programs == "1" else f"{programs} * {size}"
         return {
-            "ranges_fn": f"_attncc_{name}_key_ranges",
-            "build_fn": f"_attncc_{name}_tile_index",
+            "build_fn": f"_attncc_{cx.safe_name(self.k.name)}_tile_index",
             "batch_lines": self.batch_lines(index.axes),
-            "key_lines": key_lines,
             "row_lines": row_lines,
-            "load_lines": load_lines,
+            "key_lines": key_lines,
             "live": " & ".join(live),
-            # tiles["full"]: a residual mask that is not separable runs per element everywhere
+            # a residual mask that is not separable applies per element in every tile
             "full": " & ".join(full) if index.full else "live & (tiles < 0)",
-            "ranges": ranges,
-            "range_dtypes": range_dtypes,
             "program": program,
             "programs": programs,
             "programs_host": " * ".join(f"sizes[{a.dim!r}]" for a in index.axes) or "1",
