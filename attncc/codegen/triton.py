@@ -82,6 +82,39 @@ def _can_meet(op: str, row_lo: str, row_hi: str, key_lo: str, key_hi: str) -> st
     }[op]
 
 
+def _always(op: str, row_lo: str, row_hi: str, key_lo: str, key_hi: str) -> str:
+    """Whether every row value and every key value of the tile satisfy ``row <op> key``."""
+    return {
+        "==": f"({row_lo} == {row_hi}) & ({key_lo} == {key_hi}) & ({row_lo} == {key_lo})",
+        "!=": f"({row_hi} < {key_lo}) | ({key_hi} < {row_lo})",
+        "<": f"{row_hi} < {key_lo}",
+        "<=": f"{row_hi} <= {key_lo}",
+        ">": f"{row_lo} > {key_hi}",
+        ">=": f"{row_lo} >= {key_hi}",
+    }[op]
+
+
+def _value_range(values: str, expr: str, exact: bool, axis: int, lo: str, hi: str) -> list[str]:
+    """Lines giving ``lo``/``hi``, the min and max of ``expr`` along ``axis`` (no padding:
+    callers clamp padded rows and keys onto real ones, which leaves min and max unchanged).
+
+    Integers compare as int64 (exact, whatever the ids); a float side makes both float32,
+    as the per-element mask compares them. A NaN passes no comparison but ``!=``: it widens
+    the range to everything, so its tile is never dead through ``!=`` nor ever full."""
+    if exact:
+        return [
+            f"{values} = ({expr}).to(tl.int64)",
+            f"{lo} = tl.reduce({values}, {axis}, _min_combine)",
+            f"{hi} = tl.reduce({values}, {axis}, _max_combine)",
+        ]
+    number = f"{values} == {values}"
+    return [
+        f"{values} = ({expr}).to(tl.float32)",
+        f'{lo} = tl.reduce(tl.where({number}, {values}, float("-inf")), {axis}, _min_combine)',
+        f'{hi} = tl.reduce(tl.where({number}, {values}, float("inf")), {axis}, _max_combine)',
+    ]
+
+
 def _nested(func: str, parts: list[str], default: str) -> str:
     if not parts:
         return default
@@ -282,39 +315,51 @@ class _Context:
             "full_hi": clamp([at(b, "min") for b in plan.upper], "tl.minimum", key_size),
         }
 
-    def tile_tests(self) -> tuple[list[str], list[str]]:
-        """Lines before the key loop (row value ranges) and per key tile (``tile_live``)."""
-        plan = self.k.mask_plan
-        assert plan is not None
-        if not plan.separable:
-            return [], []
-        indices = {a.index: cx.index_var(a.index) for a in self.k.batch_axes}
+    def tile_index(self) -> dict[str, Any] | None:
+        """Render context of the tile index builder (tile_index.py.jinja), or None."""
+        index = self.k.tile_index
+        if index is None:
+            return None
         assert self.query is not None
-        indices[self.query] = "offs_m"
-        indices[self.key] = "offs_n"
-        env = cx.TritonEnv(indices, self.tensors, frozenset({self.query, self.key}))
-        key_size = cx.dim_var(self.k.key_axis.dim)
-        before: list[str] = []
-        inside: list[str] = [f"key_in = offs_n < {key_size}"]
-        live: list[str] = []
-        for i, sep in enumerate(plan.separable):
-            # value ranges in float64: order-preserving for the ints and floats compared
-            row, key = f"row_vals_{i}", f"key_vals_{i}"
-            before += [
-                f"{row} = ({cx.triton_expr(sep.row, env)}).to(tl.float64)",
-                f'row_lo_{i} = tl.reduce(tl.where(row_ok, {row}, float("inf")), 0, _min_combine)',
-                f'row_hi_{i} = tl.reduce(tl.where(row_ok, {row}, float("-inf")), 0, _max_combine)',
-            ]
-            inside += [
-                f"{key} = ({cx.triton_expr(sep.key, env)}).to(tl.float64)",
-                f'key_lo_{i} = tl.reduce(tl.where(key_in, {key}, float("inf")), 0, _min_combine)',
-                f'key_hi_{i} = tl.reduce(tl.where(key_in, {key}, float("-inf")), 0, _max_combine)',
-            ]
-            live.append(
-                _can_meet(sep.op, f"row_lo_{i}", f"row_hi_{i}", f"key_lo_{i}", f"key_hi_{i}")
+        batch = {a.index: cx.index_var(a.index) for a in index.axes}
+        # rows: a vector over the query tile; keys: [key tiles of a chunk, keys of a tile]
+        rows = cx.TritonEnv({**batch, self.query: "offs_m"}, self.tensors, frozenset({self.query}))
+        keys = cx.TritonEnv({**batch, self.key: "offs_n"}, self.tensors, frozenset({self.key}))
+        row_lines: list[str] = []
+        key_lines: list[str] = []
+        live = ["tile_ok", "(start_n < hi)", "(start_n + BLOCK_N > lo)"]
+        full = ["live", "(start_n >= full_lo)", "(start_n + BLOCK_N <= full_hi)"]
+        for i, sep in enumerate(index.masks):
+            exact = sep.row.type != "float" and sep.key.type != "float"
+            row_lo, row_hi, key_lo, key_hi = (
+                f"{x}_{i}" for x in ("row_lo", "row_hi", "key_lo", "key_hi")
             )
-        inside.append(f"tile_live = {' & '.join(f'({c})' for c in live)}")
-        return before, inside
+            row_lines += _value_range(
+                f"row_vals_{i}", cx.triton_expr(sep.row, rows), exact, 0, row_lo, row_hi
+            )
+            key_lines += _value_range(
+                f"key_vals_{i}", cx.triton_expr(sep.key, keys), exact, 1, key_lo, key_hi
+            )
+            live.append(f"({_can_meet(sep.op, row_lo, row_hi, key_lo, key_hi)})")
+            full.append(f"({_always(sep.op, row_lo, row_hi, key_lo, key_hi)})")
+        program, programs = "0", "1"
+        for axis in index.axes:
+            var, size = cx.index_var(axis.index), cx.dim_var(axis.dim)
+            program = var if program == "0" else f"({program}) * {size} + {var}"
+            programs = size if programs == "1" else f"{programs} * {size}"
+        return {
+            "build_fn": f"_attncc_{cx.safe_name(self.k.name)}_tile_index",
+            "batch_lines": self.batch_lines(index.axes),
+            "row_lines": row_lines,
+            "key_lines": key_lines,
+            "live": " & ".join(live),
+            # a residual mask that is not separable applies per element in every tile
+            "full": " & ".join(full) if index.full else "live & (tiles < 0)",
+            "program": program,
+            "programs": programs,
+            "programs_host": " * ".join(f"sizes[{a.dim!r}]" for a in index.axes) or "1",
+            "key_size": cx.dim_var(self.k.key_axis.dim),
+        }
 
     def loop(
         self,
@@ -390,8 +435,9 @@ class _Context:
             host.append(f"{cast}(params[{p.name!r}])")
         return names, host
 
-    def batch_lines(self) -> list[str]:
-        axes = self.k.batch_axes
+    def batch_lines(self, axes: tuple[ir.Axis, ...] | None = None) -> list[str]:
+        """Lines decomposing ``pid_batch`` into the indices of ``axes`` (all batch axes)."""
+        axes = self.k.batch_axes if axes is None else axes
         if not axes:
             return []
         # int64 from here: batch offsets (b * stride) pass 2**31 elements on large inputs
@@ -583,7 +629,6 @@ class _Context:
         k = self.k
         assert k.tiling is not None and k.mask_plan is not None
         prologue, _ = self.score_lines()
-        row_ranges, tile_tests = self.tile_tests()
         scalars = self.env(vector=False)
         k_parts = self.kv_operand(k.key, k.head_axis.index, scalars)
         v_parts = self.kv_operand(k.value, k.value_axis.index, scalars)
@@ -614,9 +659,9 @@ class _Context:
             "v": v_parts,
             "o": o,
             "lse": lse,
-            "prologue_lines": prologue + row_ranges,
+            "prologue_lines": prologue,
             "loop": self.loop(env, k_parts, v_parts, descriptors=True),
-            "tile_tests": tile_tests,
+            "tile_index": self.tile_index(),
             "bounds": self.bounds(),
             "output": {
                 "dims": list(k.output.dims),

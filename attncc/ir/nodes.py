@@ -88,6 +88,8 @@ Expr = Const | Index | Dim | Param | Score | Load | Unary | BinOp | Call
 
 ARITHMETIC_OPS = ("+", "-", "*", "/", "%")
 COMPARE_OPS = ("==", "!=", "<", "<=", ">", ">=")
+# ``a op b`` is ``b FLIPPED_COMPARE[op] a``
+FLIPPED_COMPARE = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 LOGIC_OPS = ("and", "or")
 
 # ----------------------------------------------------------------------------- kernel
@@ -174,6 +176,13 @@ class SeparableMask:
     op: str
     key: Expr
 
+    def is_form_of(self, mask: Expr) -> bool:
+        """Whether ``mask`` is this comparison, written either way round."""
+        return mask in (
+            BinOp(self.op, self.row, self.key, "bool"),
+            BinOp(FLIPPED_COMPARE[self.op], self.key, self.row, "bool"),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class MaskPlan:
@@ -188,6 +197,28 @@ class MaskPlan:
     upper: tuple[KeyBound, ...]
     residual: tuple[Expr, ...]
     separable: tuple[SeparableMask, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TileIndex:
+    """A block-sparse list of key tiles per (``axes`` values, query tile), built by small
+    kernels before the attention kernel, for the tile sizes of the launch.
+
+    A key tile is *dead* when it lies outside the key interval of every row of the query
+    tile, or some mask of ``masks`` holds for none of its (row, key) pairs: it is not listed.
+    It is *full* when every mask holds for every pair: inside every row's interval, each of
+    ``masks`` provably true from the tile's row and key value ranges, and no other residual
+    mask (``full`` false: some residual mask is not separable, so no tile is full). Full
+    tiles run with no mask arithmetic; the other listed tiles are *partial* and apply every
+    mask per element.
+
+    ``axes`` are the batch axes that the key bounds and ``masks`` read; programs that differ
+    only in the other batch indices (heads, for document ids per sequence) share one index.
+    """
+
+    axes: tuple[Axis, ...]
+    masks: tuple[SeparableMask, ...]
+    full: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +258,7 @@ class AttentionKernel:
     tiling: Tiling | None = None
     mask_plan: MaskPlan | None = None
     group: GroupMapping | None = None
+    tile_index: TileIndex | None = None
 
     def tensor(self, name: str) -> TensorArg:
         for arg in self.tensors:

@@ -106,4 +106,25 @@ def kernel_str(kernel: ir.AttentionKernel) -> str:
             lines.append(
                 f"  tile skip unless some {expr_str(sep.row)} {sep.op} some {expr_str(sep.key)}"
             )
+    if kernel.tile_index is not None:
+        lines += _tile_index_lines(kernel.tile_index, kernel.query_axis)
     return "\n".join(lines) + "\n"
+
+
+def _tile_index_lines(index: ir.TileIndex, query: ir.Axis | None) -> list[str]:
+    axes = [a.index for a in index.axes] + [f"{query.index if query else '-'} tile"]
+    some = " or ".join(f"no {expr_str(s.row)} {s.op} any {expr_str(s.key)}" for s in index.masks)
+    every = " and ".join(
+        f"every {expr_str(s.row)} {s.op} every {expr_str(s.key)}" for s in index.masks
+    )
+    full = (
+        f"in every row's keys and {every}: no mask arithmetic"
+        if index.full
+        else "none (a residual mask is not separable)"
+    )
+    return [
+        f"  tile index per ({', '.join(axes)}) of key tiles",
+        f"    dead:    outside every row's keys, or {some}",
+        f"    full:    {full}",
+        "    partial: the others, every mask per element",
+    ]

@@ -116,4 +116,40 @@ def verify(kernel: ir.AttentionKernel) -> ir.AttentionKernel:
             check_expr(sep.key, "separable mask key side", False, key_side)
     if kernel.group is not None:
         _require(kernel.group.head in kernel.batch_axes, "the GQA head axis must be a batch axis")
+    if kernel.tile_index is not None:
+        _verify_tile_index(kernel, kernel.tile_index)
     return kernel
+
+
+def _verify_tile_index(kernel: ir.AttentionKernel, index: ir.TileIndex) -> None:
+    plan = kernel.mask_plan
+    _require(plan is not None, "a tile index needs a mask plan")
+    assert plan is not None
+    _require(kernel.schedule == "fused", "only fused kernels walk a tile index")
+    _require(kernel.query_axis is not None, "a tile index needs query tiles")
+    _require(bool(index.masks), "a tile index tests at least one separable mask")
+    for sep in index.masks:
+        _require(sep in plan.separable, "a tile index tests separable masks of the mask plan")
+    _require(
+        list(index.axes) == [a for a in kernel.batch_axes if a in index.axes],
+        "tile index axes must be batch axes, in batch order",
+    )
+    # programs that differ in an axis outside the index share its lists: nothing that
+    # classifies a tile may read such an axis
+    read: set[str] = set()
+    for bound in (*plan.lower, *plan.upper):
+        read |= indices_of(bound.expr)
+    for sep in index.masks:
+        read |= indices_of(sep.row) | indices_of(sep.key)
+    shared = {a.index for a in kernel.batch_axes} - {a.index for a in index.axes}
+    _require(
+        not read & shared,
+        f"the tile index is shared across '{', '.join(sorted(read & shared))}' but its "
+        "classification reads it",
+    )
+    if index.full:
+        for mask in plan.residual:
+            _require(
+                any(sep.is_form_of(mask) for sep in index.masks),
+                "a tile index with full tiles must test every residual mask",
+            )

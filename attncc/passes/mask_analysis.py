@@ -96,7 +96,7 @@ def _compare_interval(mask: ir.BinOp, key: str, query: str | None) -> _Interval 
     )
     op = mask.op
     if key_coeff == -1:  # -n + r <op> 0  <=>  n <flipped op> r
-        op = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}[op]
+        op = ir.FLIPPED_COMPARE[op]
     query_coeff = rest_form.coeffs.get(query, 0) if query else 0
     terms = list(rest_form.terms)
     if query_coeff:
@@ -190,21 +190,18 @@ class MaskAnalysis:
         return replace(kernel, mask_plan=plan)
 
 
-_FLIPPED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
-
-
 def _separable(
     mask: ir.Expr, batch: set[str], key: str, query: str | None
 ) -> ir.SeparableMask | None:
     """``row <op> key`` with each side reading one of the query and key indices."""
-    if query is None or not (isinstance(mask, ir.BinOp) and mask.op in _FLIPPED):
+    if query is None or not (isinstance(mask, ir.BinOp) and mask.op in ir.FLIPPED_COMPARE):
         return None
     left, right = indices_of(mask.left), indices_of(mask.right)
     row_side, key_side = batch | {query}, batch | {key}
     if query in left and left <= row_side and key in right and right <= key_side:
         return ir.SeparableMask(mask.left, mask.op, mask.right)
     if key in left and left <= key_side and query in right and right <= row_side:
-        return ir.SeparableMask(mask.right, _FLIPPED[mask.op], mask.left)
+        return ir.SeparableMask(mask.right, ir.FLIPPED_COMPARE[mask.op], mask.left)
     return None
 
 

@@ -10,6 +10,7 @@ from attncc.passes.base import Pass
 from attncc.passes.gqa import GqaMapping
 from attncc.passes.mask_analysis import MaskAnalysis
 from attncc.passes.schedule import ChooseSchedule
+from attncc.passes.tile_index import BuildTileIndex
 from attncc.passes.tiling import Tile
 
 
@@ -23,7 +24,7 @@ def default_passes(
 ) -> list[Pass]:
     """The pipeline; the tiling options pin a block size, warps or stages in every rule."""
     tile = Tile(block_m, block_n, num_warps, num_stages)
-    return [GqaMapping(), MaskAnalysis(), ChooseSchedule(schedule), tile]
+    return [GqaMapping(), MaskAnalysis(), ChooseSchedule(schedule), tile, BuildTileIndex()]
 
 
 PASS_NAMES = tuple(p.name for p in default_passes())

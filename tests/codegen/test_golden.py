@@ -30,8 +30,14 @@ def assert_golden(actual: str, path: Path) -> None:
     golden_files.assert_golden(actual, path, "generated now")
 
 
-# (example, schedule): the fused GQA kernel, the materialised naive one, GQA split-KV
-GOLDEN_SOURCES = [("gqa_causal", "fused"), ("naive", "naive"), ("gqa_causal", "split_kv")]
+# (example, schedule): the fused GQA kernel, the materialised naive one, GQA split-KV, and a
+# fused kernel that walks a tile index (document ids)
+GOLDEN_SOURCES = [
+    ("gqa_causal", "fused"),
+    ("naive", "naive"),
+    ("gqa_causal", "split_kv"),
+    ("document_mask", "fused"),
+]
 
 
 @pytest.mark.parametrize(("name", "schedule"), GOLDEN_SOURCES)
@@ -103,26 +109,35 @@ def test_template_header_names_its_variables(template: str) -> None:
     assert not missing, f"{template}'s header does not name {sorted(missing)}"
 
 
-def context(schedule: str) -> tuple[str, dict[str, object]]:
-    checked, kernel = attncc.optimise(EXAMPLES / "gqa_causal.attn", schedule)  # type: ignore[arg-type]
+# every schedule's template, and the fused one with a tile index
+CONTEXTS = [
+    ("gqa_causal", "fused"),
+    ("gqa_causal", "naive"),
+    ("gqa_causal", "split_kv"),
+    ("document_mask", "fused"),
+]
+
+
+def context(name: str, schedule: str) -> tuple[str, dict[str, object]]:
+    checked, kernel = attncc.optimise(EXAMPLES / f"{name}.attn", schedule)  # type: ignore[arg-type]
     values = triton_backend._Context(kernel, checked.spec.source).fused()
     return f"{schedule}.py.jinja", values
 
 
-@pytest.mark.parametrize("schedule", ["fused", "naive", "split_kv"])
-def test_rendering_the_full_context_matches_render(schedule: str) -> None:
-    template, values = context(schedule)
+@pytest.mark.parametrize(("name", "schedule"), CONTEXTS)
+def test_rendering_the_full_context_matches_render(name: str, schedule: str) -> None:
+    template, values = context(name, schedule)
     env = triton_backend.environment()
-    checked, kernel = attncc.optimise(EXAMPLES / "gqa_causal.attn", schedule)  # type: ignore[arg-type]
+    checked, kernel = attncc.optimise(EXAMPLES / f"{name}.attn", schedule)  # type: ignore[arg-type]
     assert (
         env.get_template(template).render(**values)
         == triton_backend.render(kernel, checked.spec.source).source
     )
 
 
-@pytest.mark.parametrize("schedule", ["fused", "naive", "split_kv"])
-def test_rendering_without_any_variable_raises(schedule: str) -> None:
-    template, values = context(schedule)
+@pytest.mark.parametrize(("name", "schedule"), CONTEXTS)
+def test_rendering_without_any_variable_raises(name: str, schedule: str) -> None:
+    template, values = context(name, schedule)
     env = triton_backend.environment()
     names = all_variables(env, template)
     assert names <= set(values), f"the context lacks {sorted(names - set(values))}"
@@ -132,9 +147,9 @@ def test_rendering_without_any_variable_raises(schedule: str) -> None:
             env.get_template(template).render(**partial)
 
 
-@pytest.mark.parametrize("schedule", ["fused", "naive", "split_kv"])
-def test_a_missing_variable_is_named(schedule: str) -> None:
-    template, values = context(schedule)
+@pytest.mark.parametrize(("name", "schedule"), CONTEXTS)
+def test_a_missing_variable_is_named(name: str, schedule: str) -> None:
+    template, values = context(name, schedule)
     env = triton_backend.environment()
     for name in sorted(all_variables(env, template)):
         partial = {k: v for k, v in values.items() if k != name}

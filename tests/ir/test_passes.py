@@ -186,6 +186,57 @@ def test_verifier_rejects_a_broken_kernel(breakage: str) -> None:
         verify(BROKEN[breakage](CAUSAL_IR))
 
 
+def with_index(kernel: ir.AttentionKernel, **changes: Any) -> ir.AttentionKernel:
+    assert kernel.tile_index is not None
+    return dataclasses.replace(kernel, tile_index=dataclasses.replace(kernel.tile_index, **changes))
+
+
+def untested_residual(kernel: ir.AttentionKernel) -> ir.AttentionKernel:
+    """A residual mask that is not separable, while the index still claims full tiles."""
+    odd = ir.BinOp(
+        "!=", ir.BinOp("%", ir.Index("m"), ir.Const(2, "int"), "int"), ir.Const(0, "int"), "bool"
+    )
+    plan = kernel.mask_plan
+    assert plan is not None
+    plan = dataclasses.replace(plan, residual=(*plan.residual, odd))
+    return dataclasses.replace(kernel, masks=(*kernel.masks, odd), mask_plan=plan)
+
+
+B_AXIS, H_AXIS = DOC_IR.batch_axes
+(DOC_SEPARABLE,) = DOC_IR.mask_plan.separable  # type: ignore[union-attr]
+BROKEN_INDEX = {
+    "index shared across the sequences": lambda k: with_index(k, axes=()),
+    "index axes out of batch order": lambda k: with_index(k, axes=(H_AXIS, B_AXIS)),
+    "index over a non-batch axis": lambda k: with_index(k, axes=(B_AXIS, ir.Axis("m", "N"))),
+    "index tests no mask": lambda k: with_index(k, masks=()),
+    "index tests a mask the plan lacks": lambda k: with_index(
+        k, masks=(dataclasses.replace(DOC_SEPARABLE, op="<"),)
+    ),
+    "full tiles with a mask left untested": untested_residual,
+    "index of a naive kernel": lambda k: dataclasses.replace(k, schedule="naive"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BROKEN_INDEX))
+def test_verifier_rejects_a_broken_tile_index(breakage: str) -> None:
+    assert verify(DOC_IR) is DOC_IR
+    with pytest.raises(IRError):
+        verify(BROKEN_INDEX[breakage](DOC_IR))
+
+
+def test_tile_index_pass() -> None:
+    """Fused kernels with separable masks get an index over the batch axes their ids read;
+    one that also has a mask that is not separable lists no full tiles."""
+    assert DOC_IR.tile_index == ir.TileIndex((B_AXIS,), (DOC_SEPARABLE,), True)
+    doc = (ROOT / "examples" / "document_mask.attn").read_text()
+    odd = attncc.optimise(doc.replace("and m >= n", "and m >= n and m % 2 != 0"))[1]
+    assert odd.tile_index == ir.TileIndex((B_AXIS,), (DOC_SEPARABLE,), False)
+    assert verify(untested_residual(with_index(DOC_IR, full=False)))
+    for schedule in ("naive", "split_kv"):
+        assert attncc.optimise(doc, schedule)[1].tile_index is None  # type: ignore[arg-type]
+    assert all(example(p.stem).tile_index is None for p in EXAMPLES if p.stem != "document_mask")
+
+
 def test_verifier_rejects_a_load_with_the_wrong_rank() -> None:
     (residual,) = DOC_IR.mask_plan.residual  # type: ignore[union-attr]
     load_doc = residual.left  # type: ignore[union-attr]
