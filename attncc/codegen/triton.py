@@ -16,12 +16,15 @@ import jinja2
 from attncc import __version__
 from attncc.cache import cache_dir
 from attncc.codegen import exprs as cx
+from attncc.codegen import plan
 from attncc.ir import nodes as ir
 from attncc.ir.printer import expr_str
 from attncc.ir.verify import indices_of, subexprs
 from attncc.passes.schedule import group_subscript
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "triton"
+# host-side pieces every backend's generated module shares (binding, checks, tables)
+COMMON_TEMPLATE_DIR = TEMPLATE_DIR.parent / "common"
 LOG2E = 1.4426950408889634
 
 
@@ -45,7 +48,7 @@ def environment() -> jinja2.Environment:
     """One environment per process; compiled templates are also cached on disk, so a warm
     start skips Jinja's template compilation."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        loader=jinja2.FileSystemLoader([TEMPLATE_DIR, COMMON_TEMPLATE_DIR]),
         bytecode_cache=jinja2.FileSystemBytecodeCache(_bytecode_dir()),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -112,14 +115,14 @@ class _Context:
         base: list[str] = []
         row_stride, col_stride = "0", "0"
         env = self.env()
-        for axis, sub in enumerate(operand.indices):
-            stride = cx.stride_var(operand.tensor, axis)
-            if isinstance(sub, ir.Index) and sub.name == row:
+        for part in plan.operand_parts(operand, row, col):
+            stride = cx.stride_var(operand.tensor, part.axis)
+            if part.kind == "row":
                 row_stride = stride
-            elif isinstance(sub, ir.Index) and sub.name == col:
+            elif part.kind == "col":
                 col_stride = stride
             else:
-                base.append(f"({cx.triton_expr(sub, env)}) * {stride}")
+                base.append(f"({cx.triton_expr(part.sub, env)}) * {stride}")
         return {"base": " + ".join(base) or "0", "row": row_stride, "col": col_stride}
 
     def kv_operand(
@@ -140,18 +143,18 @@ class _Context:
         keys = cx.TritonEnv(
             {**env.indices, self.key: "offs_n"}, self.tensors, frozenset({self.key})
         )
-        for axis, sub in enumerate(operand.indices):
-            stride = cx.stride_var(operand.tensor, axis)
-            if isinstance(sub, ir.Index) and sub.name == self.key:
+        for part in plan.operand_parts(operand, None, col, self.key, replaced):
+            stride = cx.stride_var(operand.tensor, part.axis)
+            if part.kind == "key":
                 linear = stride
-            elif isinstance(sub, ir.Index) and sub.name == col:
+            elif part.kind == "col":
                 col_stride = stride
-            elif replaced and sub in replaced:
-                base.append(f"{replaced[sub]} * {stride}")
-            elif self.key in indices_of(sub):
-                gather.append(f"({cx.triton_expr(sub, keys)}) * {stride}")
+            elif part.kind == "replaced":
+                base.append(f"{part.var} * {stride}")
+            elif part.kind == "gather":
+                gather.append(f"({cx.triton_expr(part.sub, keys)}) * {stride}")
             else:
-                base.append(f"({cx.triton_expr(sub, env)}) * {stride}")
+                base.append(f"({cx.triton_expr(part.sub, env)}) * {stride}")
         if linear is not None and gather:
             gather.append(f"offs_n * {linear}")
             linear = None
@@ -189,27 +192,17 @@ class _Context:
         )
 
     def bounds(self) -> dict[str, str]:
-        plan = self.k.mask_plan
-        assert plan is not None
-
-        def at(bound: ir.KeyBound, extreme: str) -> str:
-            # extreme: which row gives the smallest ("min") or largest ("max") value
-            first_is_min = bound.slope >= 0
-            row = "m_first" if (extreme == "min") == first_is_min else "m_last"
-            return cx.triton_expr(bound.expr, self.env(row, vector=False))
-
+        assert self.k.mask_plan is not None
         key_size = cx.dim_var(self.k.key_axis.dim)
-
-        def clamp(parts: list[str], func: str, limit: str) -> str:
+        rows = {"first": "m_first", "last": "m_last"}
+        limits = {"max": ("tl.maximum", "0"), "min": ("tl.minimum", key_size)}
+        result = {}
+        for name, (bounds, combine) in plan.key_range(self.k.mask_plan).items():
+            func, limit = limits[combine]
+            parts = [cx.triton_expr(b.expr, self.env(rows[row], vector=False)) for b, row in bounds]
             # keys lie in [0, N): bounds from the masks are clamped into that range
-            return _nested(func, [*parts, limit], limit) if parts else limit
-
-        return {
-            "lo": clamp([at(b, "min") for b in plan.lower], "tl.maximum", "0"),
-            "hi": clamp([at(b, "max") for b in plan.upper], "tl.minimum", key_size),
-            "full_lo": clamp([at(b, "max") for b in plan.lower], "tl.maximum", "0"),
-            "full_hi": clamp([at(b, "min") for b in plan.upper], "tl.minimum", key_size),
-        }
+            result[name] = _nested(func, [*parts, limit], limit) if parts else limit
+        return result
 
     def tile_tests(self) -> tuple[list[str], list[str]]:
         """Lines before the key loop (row value ranges) and per key tile (``tile_live``)."""
