@@ -163,6 +163,7 @@ def parser() -> argparse.ArgumentParser:
     bench_p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     bench_p.add_argument("--against", default="sdpa-flash,sdpa-cudnn,flex")
     bench_p.add_argument("--json", help="append one JSON line per measured shape to this file")
+    bench_p.add_argument("--target", default="triton", choices=["triton", "cuda"])
     bench_p.set_defaults(func=_bench_cmd)
     return top
 
