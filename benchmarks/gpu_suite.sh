@@ -79,7 +79,7 @@ fi
 if has cuda; then
     # the CUDA target: every example against the reference (NVRTC compiles are cached on
     # disk per variant), then prefill and decode beside Triton and SDPA (flash)
-    python3 -c "import cuda.core, torch; print('cuda.core', getattr(cuda.core, '__version__', '?'))" 2>&1 | tee -a "$OUT/device.txt"
+    timeout 300 python3 benchmarks/cuda_smoke.py 2>&1 | tee "$OUT/cuda_smoke.log"
     for spec in examples/*.attn; do
         sched=""
         [ "$(basename "$spec")" = naive.attn ] && sched="--schedule fused"  # no naive CUDA kernels
