@@ -1,4 +1,4 @@
-"""``attncc.compile``: spec → IR → passes → Triton source → a callable ``Kernel``."""
+"""``attncc.compile``: spec → IR → passes → Triton or CUDA source → a callable ``Kernel``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attncc.codegen import cuda as cuda_backend
 from attncc.codegen import triton as triton_backend
 from attncc.ir import lower
 from attncc.ir.nodes import AttentionKernel, Schedule
@@ -13,7 +14,7 @@ from attncc.passes import default_passes, run_passes
 from attncc.runtime.kernel import Kernel
 from attncc.spec import CheckedSpec, load
 
-TARGETS = ("triton",)
+TARGETS = ("triton", "cuda")
 _TILING_OPTIONS = ("block_m", "block_n", "num_warps", "num_stages")
 
 
@@ -36,12 +37,18 @@ def build(
     schedule: Schedule | None = None,
     **options: Any,
 ) -> Built:
-    """Generate the source for a spec without loading it (``attncc compile -o``)."""
+    """Generate the source for a spec without loading it (``attncc compile -o``).
+
+    ``source`` is the kernel source of the target (a Triton module, or CUDA C++); ``host``
+    the Python module a ``Kernel`` loads (for Triton the same text)."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
     checked, kernel = optimise(spec, schedule, **options)
+    if target == "cuda":
+        cuda = cuda_backend.render(kernel, checked.spec.source)
+        return Built(checked, kernel, cuda.source, cuda.entry, cuda.host, target)
     rendered = triton_backend.render(kernel, checked.spec.source)
-    return Built(checked, kernel, rendered.source, rendered.entry)
+    return Built(checked, kernel, rendered.source, rendered.entry, rendered.source, target)
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,8 @@ class Built:
     ir: AttentionKernel
     source: str
     entry: str
+    host: str
+    target: str = "triton"
 
 
 def compile(
@@ -58,6 +67,11 @@ def compile(
     schedule: Schedule | None = None,
     **options: Any,
 ) -> Kernel:
-    """Compile a spec (text, path to a ``.attn`` file, or checked spec) to a ``Kernel``."""
+    """Compile a spec (text, path to a ``.attn`` file, or checked spec) to a ``Kernel``.
+
+    ``target="cuda"`` renders CUDA C++ instead of Triton, compiled with NVRTC on first call
+    (CUDA tensors only)."""
     built = build(spec, target, schedule, **options)
-    return Kernel(built.ir.name, built.spec, built.ir, built.source, built.entry)
+    return Kernel(
+        built.ir.name, built.spec, built.ir, built.source, built.entry, built.target, built.host
+    )

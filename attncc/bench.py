@@ -68,7 +68,7 @@ def default_shapes(kernel: ir.AttentionKernel, head_dim: int = 128) -> list[Shap
 
 @dataclass
 class Row:
-    spec: str
+    spec: str  # "<spec> [cuda]" for the CUDA target
     shape: str
     dtype: str
     ms: float
@@ -316,9 +316,14 @@ def bench_spec(
     against: list[str],
     documents: int = 4,
     startup: Startup | None = None,
+    target: str = "triton",
 ) -> list[Row]:
     began = time.perf_counter()
-    kernel = attncc.compile(spec)
+    # the naive schedule has no CUDA kernels: its spec runs fused there
+    schedule = (
+        "fused" if target == "cuda" and attncc.optimise(spec)[1].schedule == "naive" else None
+    )
+    kernel = attncc.compile(spec, target=target, schedule=schedule)  # type: ignore[arg-type]
     if startup is not None:
         startup.compile_s = time.perf_counter() - began
     rows = []
@@ -351,7 +356,8 @@ def bench_spec(
             for t in (kernel.ir.key.tensor, kernel.ir.value.tensor)
         )
         tbps = kv_bytes * fraction / (ms * 1e-3) / 1e12 if kernel.ir.query_axis is None else None
-        row = Row(kernel.name, str(shape), dtype, ms, flops / (ms * 1e-3) / 1e12, tbps)
+        label = kernel.name if target == "triton" else f"{kernel.name} [{target}]"
+        row = Row(label, str(shape), dtype, ms, flops / (ms * 1e-3) / 1e12, tbps)
         per_copy = [anchor_runners(kernel.ir, c, sizes, params, against, fraction) for c in copies]
         for name, first_copy in per_copy[0].items():
             if first_copy is None:
@@ -396,8 +402,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     shapes = [Shape.parse(s) for s in args.shapes.split(";") if s] or None
     startup = Startup(0.0)
-    rows = bench_spec(args.spec, shapes, args.dtype, against, startup=startup)
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    target = getattr(args, "target", "triton")
+    rows = bench_spec(args.spec, shapes, args.dtype, against, startup=startup, target=target)
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  target {target}")
     print(startup)
     print(format_rows(rows, against))
     if getattr(args, "json", None):

@@ -27,11 +27,19 @@ def content_key(*parts: str) -> str:
 
 
 def atomic_write(path: Path, text: str) -> None:
+    _atomic_write(path, text.encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    _atomic_write(path, data)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

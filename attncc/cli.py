@@ -59,6 +59,9 @@ def _check_cmd(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("attncc: --device cuda, but no CUDA device is available", file=sys.stderr)
         return 2
+    if args.target == "cuda" and args.device != "cuda":
+        print("attncc: --target cuda runs on CUDA tensors; add --device cuda", file=sys.stderr)
+        return 2
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
     kernel = attncc.compile(args.spec, target=args.target, schedule=args.schedule)
     results = check(
@@ -69,7 +72,8 @@ def _check_cmd(args: argparse.Namespace) -> int:
         dtypes=dtypes,
         max_len=args.max_len,
     )
-    print(f"{kernel.name} ({kernel.ir.schedule}, {args.device}):")
+    target = "" if args.target == "triton" else f", target {args.target}"
+    print(f"{kernel.name} ({kernel.ir.schedule}, {args.device}{target}):")
     print(table(results))
     failed = sum(not r.ok for r in results)
     print(f"{len(results) - failed} passed, {failed} failed")
@@ -127,8 +131,10 @@ def parser() -> argparse.ArgumentParser:
 
     compile_p = sub.add_parser("compile", help="compile a spec; print IR or write a module")
     compile_p.add_argument("spec")
-    compile_p.add_argument("-o", "--output", help="write a standalone Python module here")
-    compile_p.add_argument("--target", default="triton", choices=["triton"])
+    compile_p.add_argument(
+        "-o", "--output", help="write the generated source here (Python module or CUDA C++)"
+    )
+    compile_p.add_argument("--target", default="triton", choices=["triton", "cuda"])
     compile_p.add_argument("--schedule", choices=["naive", "fused", "split_kv"])
     compile_p.add_argument("--print-ir", action="store_true", help="print the final IR")
     compile_p.add_argument("--print-ir-after", metavar="PASS", help="print the IR after PASS")
@@ -142,7 +148,7 @@ def parser() -> argparse.ArgumentParser:
     check_p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     check_p.add_argument("--dtypes", default="fp32,fp16,bf16")
     check_p.add_argument("--max-len", type=int, default=96, help="largest sequence length drawn")
-    check_p.add_argument("--target", default="triton", choices=["triton"])
+    check_p.add_argument("--target", default="triton", choices=["triton", "cuda"])
     check_p.add_argument("--schedule", choices=["naive", "fused", "split_kv"])
     check_p.set_defaults(func=_check_cmd)
 
@@ -157,6 +163,7 @@ def parser() -> argparse.ArgumentParser:
     bench_p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     bench_p.add_argument("--against", default="sdpa-flash,sdpa-cudnn,flex")
     bench_p.add_argument("--json", help="append one JSON line per measured shape to this file")
+    bench_p.add_argument("--target", default="triton", choices=["triton", "cuda"])
     bench_p.set_defaults(func=_bench_cmd)
     return top
 

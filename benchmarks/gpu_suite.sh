@@ -3,9 +3,12 @@
 # example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
 # Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [matrix] [startup] [decode] [sweep]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [matrix] [startup] [decode]
+#                                [sweep] [cuda]
 #   (default: tests check bench startup; `quick` is one shape a variant, `matrix` a mid-size set,
-#   `decode` the split-KV specs only: their GPU tests, checks and benchmarks)
+#   `decode` the split-KV specs only: their GPU tests, checks and benchmarks; `sweep` every
+#   launch configuration of a few shapes; `cuda`: the CUDA target alone, check of every
+#   example + prefill/decode bench, a few minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attncc_gpu_out}
@@ -93,6 +96,23 @@ fi
 if has tests; then
     # correctness runs use the default configurations: tuning every random shape would take hours
     ATTNCC_AUTOTUNE=0 python3 -m pytest -q -m gpu tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+fi
+
+if has cuda; then
+    # the CUDA target: every example against the reference (NVRTC compiles are cached on
+    # disk per variant), then prefill and decode beside Triton and SDPA (flash)
+    timeout 300 python3 benchmarks/cuda_smoke.py 2>&1 | tee "$OUT/cuda_smoke.log"
+    for spec in examples/*.attn; do
+        sched=""
+        [ "$(basename "$spec")" = naive.attn ] && sched="--schedule fused"  # no naive CUDA kernels
+        ATTNCC_AUTOTUNE=0 timeout 120 python3 -m attncc check "$spec" --device cuda --target cuda $sched --trials 4 --max-len 512 || echo "CHECK FAILED: $spec"
+    done > "$OUT/cuda_check.log" 2>&1
+    grep -E "passed|FAILED|Error|error:" "$OUT/cuda_check.log" | head -60
+    ATTNCC_AUTOTUNE=0 timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_gpu_cuda.py -x -k "not example_matches" 2>&1 | tee "$OUT/cuda_gpu_tests.log" | tail -15
+    for target in cuda triton; do
+        ATTNCC_AUTOTUNE=0 python3 -m attncc bench examples/causal.attn --shapes "4,16,4096,128" --target $target --against sdpa-flash --json "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/bench.log"
+        ATTNCC_AUTOTUNE=0 python3 -m attncc bench examples/decode.attn --shapes "8,32:8,8192,128" --target $target --against sdpa-flash --json "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/bench.log"
+    done
 fi
 
 if has check; then

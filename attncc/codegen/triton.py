@@ -13,15 +13,16 @@ from typing import Any
 
 import jinja2
 
-from attncc import __version__
 from attncc.cache import cache_dir
 from attncc.codegen import exprs as cx
+from attncc.codegen import host, plan
 from attncc.ir import nodes as ir
-from attncc.ir.printer import expr_str
 from attncc.ir.verify import indices_of, subexprs
 from attncc.passes.schedule import group_subscript
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "triton"
+# host-side pieces every backend's generated module shares (binding, checks, tables)
+COMMON_TEMPLATE_DIR = TEMPLATE_DIR.parent / "common"
 LOG2E = 1.4426950408889634
 
 
@@ -45,7 +46,7 @@ def environment() -> jinja2.Environment:
     """One environment per process; compiled templates are also cached on disk, so a warm
     start skips Jinja's template compilation."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        loader=jinja2.FileSystemLoader([TEMPLATE_DIR, COMMON_TEMPLATE_DIR]),
         bytecode_cache=jinja2.FileSystemBytecodeCache(_bytecode_dir()),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -145,14 +146,14 @@ class _Context:
         base: list[str] = []
         row_stride, col_stride = "0", "0"
         env = self.env()
-        for axis, sub in enumerate(operand.indices):
-            stride = cx.stride_var(operand.tensor, axis)
-            if isinstance(sub, ir.Index) and sub.name == row:
+        for part in plan.operand_parts(operand, row, col):
+            stride = cx.stride_var(operand.tensor, part.axis)
+            if part.kind == "row":
                 row_stride = stride
-            elif isinstance(sub, ir.Index) and sub.name == col:
+            elif part.kind == "col":
                 col_stride = stride
             else:
-                base.append(f"({cx.triton_expr(sub, env)}) * {stride}")
+                base.append(f"({cx.triton_expr(part.sub, env)}) * {stride}")
         return {"base": " + ".join(base) or "0", "row": row_stride, "col": col_stride}
 
     def kv_operand(
@@ -177,18 +178,18 @@ class _Context:
             frozenset({self.key}),
             named=self.gathers(),
         )
-        for axis, sub in enumerate(operand.indices):
-            stride = cx.stride_var(operand.tensor, axis)
-            if isinstance(sub, ir.Index) and sub.name == self.key:
+        for part in plan.operand_parts(operand, None, col, self.key, replaced):
+            stride = cx.stride_var(operand.tensor, part.axis)
+            if part.kind == "key":
                 linear = stride
-            elif isinstance(sub, ir.Index) and sub.name == col:
+            elif part.kind == "col":
                 col_stride = stride
-            elif replaced and sub in replaced:
-                base.append(f"{replaced[sub]} * {stride}")
-            elif self.key in indices_of(sub):
-                gather.append(f"({cx.triton_expr(sub, keys)}) * {stride}")
+            elif part.kind == "replaced":
+                base.append(f"{part.var} * {stride}")
+            elif part.kind == "gather":
+                gather.append(f"({cx.triton_expr(part.sub, keys)}) * {stride}")
             else:
-                base.append(f"({cx.triton_expr(sub, env)}) * {stride}")
+                base.append(f"({cx.triton_expr(part.sub, env)}) * {stride}")
         if linear is not None and gather:
             gather.append(f"offs_n * {linear}")
             linear = None
@@ -293,27 +294,17 @@ class _Context:
         )
 
     def bounds(self) -> dict[str, str]:
-        plan = self.k.mask_plan
-        assert plan is not None
-
-        def at(bound: ir.KeyBound, extreme: str) -> str:
-            # extreme: which row gives the smallest ("min") or largest ("max") value
-            first_is_min = bound.slope >= 0
-            row = "m_first" if (extreme == "min") == first_is_min else "m_last"
-            return cx.triton_expr(bound.expr, self.env(row, vector=False))
-
+        assert self.k.mask_plan is not None
         key_size = cx.dim_var(self.k.key_axis.dim)
-
-        def clamp(parts: list[str], func: str, limit: str) -> str:
+        rows = {"first": "m_first", "last": "m_last"}
+        limits = {"max": ("tl.maximum", "0"), "min": ("tl.minimum", key_size)}
+        result = {}
+        for name, (bounds, combine) in plan.key_range(self.k.mask_plan).items():
+            func, limit = limits[combine]
+            parts = [cx.triton_expr(b.expr, self.env(rows[row], vector=False)) for b, row in bounds]
             # keys lie in [0, N): bounds from the masks are clamped into that range
-            return _nested(func, [*parts, limit], limit) if parts else limit
-
-        return {
-            "lo": clamp([at(b, "min") for b in plan.lower], "tl.maximum", "0"),
-            "hi": clamp([at(b, "max") for b in plan.upper], "tl.minimum", key_size),
-            "full_lo": clamp([at(b, "max") for b in plan.lower], "tl.maximum", "0"),
-            "full_hi": clamp([at(b, "min") for b in plan.upper], "tl.minimum", key_size),
-        }
+            result[name] = _nested(func, [*parts, limit], limit) if parts else limit
+        return result
 
     def tile_index(self) -> dict[str, Any] | None:
         """Render context of the tile index builder (tile_index.py.jinja), or None."""
@@ -448,84 +439,14 @@ class _Context:
         lines.append(f"{cx.index_var(axes[0].index)} = rest")
         return lines
 
-    def subscript_checks(self) -> list[dict[str, Any]]:
-        checks = []
-        for operand in (self.k.query, self.k.key, self.k.value):
-            dims = self.tensors[operand.tensor].dims
-            for sub, dim in zip(operand.indices, dims, strict=True):
-                reads = {e for e in subexprs(sub) if isinstance(e, ir.Load)}
-                if isinstance(sub, ir.Index) or reads or self.key in indices_of(sub):
-                    # data-dependent subscripts (page tables) are the caller's to keep in range
-                    continue
-                axes = [a for a in self.k.batch_axes if a.index in indices_of(sub)]
-                checks.append(
-                    {
-                        "tensor": operand.tensor,
-                        "text": expr_str(sub),
-                        "value": cx.host_expr(sub),
-                        "indices": [{"var": cx.index_var(a.index), "dim": a.dim} for a in axes],
-                        "dim": dim,
-                    }
-                )
-        return checks
-
     def host_tables(self) -> dict[str, Any]:
-        inputs = [
-            {
-                "name": t.name,
-                "dims": list(t.dims),
-                "kind": "float"
-                if t.dtype in ("float", "f16", "bf16", "f32", "f64")
-                else ("bool" if t.dtype == "bool" else "int"),
-                "dtype": t.dtype,
-            }
-            for t in self.k.tensors
-        ]
-        params = [
-            {
-                "name": p.name,
-                "kind": p.type,
-                "default": cx.host_expr(p.default, "dims", "params")
-                if p.default is not None
-                else None,
-            }
-            for p in self.k.params
-        ]
-        group = (
-            {"head_dim": self.k.group.head.dim, "kv_dim": self.k.group.kv_dim}
-            if self.k.group
-            else None
-        )
-        return {
-            "derived_dims": [
-                {"name": d, "value": cx.host_expr(v, "sizes")} for d, v in self.k.derived_dims
-            ],
-            "inputs": inputs,
-            "params": params,
-            "dims": list(self.k.dims),
-            "subscript_checks": self.subscript_checks(),
-            "group": group,
-        }
+        return host.tables(self.k)
 
     def doc(self) -> str:
-        ins = ", ".join(f"{t.name}[{', '.join(t.dims)}]" for t in self.k.tensors)
-        params = ", ".join(p.name for p in self.k.params)
-        out = self.k.output
-        return (
-            f"attncc kernel '{self.k.name}': inputs {ins} (by position or name); "
-            f"params {params or '(none)'} by name; returns {out.name}[{', '.join(out.dims)}] "
-            "(and the log-sum-exp with return_lse=True)."
-        )
+        return host.doc(self.k)
 
     def header(self) -> list[str]:
-        lines = [
-            f"Generated by attncc {__version__} from spec '{self.k.name}' "
-            f"(schedule {self.k.schedule}). Do not edit: edit the spec and recompile.",
-            "",
-            "Spec:",
-        ]
-        lines += [f"    {line}" for line in self.source_text.rstrip().splitlines()]
-        return lines
+        return host.header(self.k, self.source_text)
 
     def split(self) -> dict[str, Any] | None:
         """Render context of the split-KV kernels, or None when this kernel has none.

@@ -1,4 +1,9 @@
-"""``Kernel``: a compiled spec, callable on torch tensors (CPU through the Triton interpreter)."""
+"""``Kernel``: a compiled spec, callable on torch tensors (CPU through the Triton interpreter).
+
+Both targets generate a Python host module with the same entry points (``_bind``, ``_check``,
+``_param_defaults``, ``_forward``); for Triton it also holds the kernels, for CUDA it holds
+the CUDA source and compiles it with NVRTC (``attncc.runtime.nvrtc``).
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,9 @@ class Kernel:
     """Call as ``kernel(q, k, v, ..., scale=..., return_lse=False)``.
 
     Inputs go by position (declaration order) or by name, params by name. CUDA tensors run
-    the compiled kernel, CPU tensors the same kernel in the Triton interpreter.
+    the compiled kernel, CPU tensors the same kernel in the Triton interpreter (target
+    "triton"; target "cuda" needs CUDA tensors). ``source`` is the target's kernel source,
+    ``host_source`` the Python module loaded (empty: ``source`` itself, as for Triton).
     """
 
     name: str
@@ -29,13 +36,15 @@ class Kernel:
     ir: AttentionKernel
     source: str
     entry: str
+    target: str = "triton"
+    host_source: str = ""
     path: Path = field(init=False)
     tuner: Tuner = field(init=False, repr=False)
     _host: ModuleType = field(init=False, repr=False)
     _op: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.path = module_path(self.name, self.source)
+        self.path = module_path(self.name, self.host_source or self.source)
         self.tuner = Tuner(self.ir, self.path.stem)
         # loaded now, not on first call: torch.compile cannot trace a module import
         self._host = load_module(self.path, interpreted=False)
@@ -43,7 +52,8 @@ class Kernel:
         self._op = op_registry.register(self.ir, key, self._run, self._fake)
 
     def module(self, interpreted: bool) -> ModuleType:
-        return load_module(self.path, interpreted)
+        # a CUDA host module has no interpreted variant: it refuses CPU tensors itself
+        return load_module(self.path, interpreted and self.target == "triton")
 
     def param_defaults(self, sizes: dict[str, int]) -> dict[str, Any]:
         """The value of every param with a default, for these dim sizes."""
@@ -51,7 +61,7 @@ class Kernel:
 
     def poison_outputs(self, enabled: bool) -> None:
         """Fill outputs with NaN before each launch (checks), in every loaded variant."""
-        for interpreted in (False, True):
+        for interpreted in (False, True) if self.target == "triton" else (False,):
             setattr(self.module(interpreted), "_POISON", enabled)  # noqa: B010 - generated module
 
     @property
@@ -85,6 +95,8 @@ class Kernel:
 
     def _run(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         tensors, params, return_lse = self._split(args, kwargs)
+        if self.target != "triton":
+            return self.module(False)._forward(tensors, params, return_lse)  # type: ignore[no-any-return]
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
         module = self.module(interpreted=on_cpu)
         if on_cpu:

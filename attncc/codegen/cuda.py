@@ -1,0 +1,381 @@
+"""CUDA backend: lower an optimised ``AttentionKernel`` to CUDA C++ (and its Python host module).
+
+The same IR and pass results as the Triton backend (``codegen/plan.py`` classifies operand
+subscripts and tile key bounds for both); all decisions (names, offsets, bounds, score and
+mask lines, launch tables) are made here, and ``templates/cuda`` only places the strings.
+
+Two texts come out: the CUDA source (``Rendered.source``, what ``attncc compile --target
+cuda`` writes) and a Python host module (``Rendered.host``) that binds and checks arguments
+like the Triton module, picks a compile-time configuration per call (float type, padded head
+dims, tile sizes), compiles it with NVRTC through ``attncc.runtime.nvrtc`` and launches it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from attncc.codegen import cuda_exprs as cu
+from attncc.codegen import exprs as cx
+from attncc.codegen import host, plan
+from attncc.codegen.triton import COMMON_TEMPLATE_DIR, TEMPLATE_DIR, _bytecode_dir, _python_literal
+from attncc.ir import nodes as ir
+from attncc.passes.schedule import group_subscript
+
+CUDA_TEMPLATE_DIR = TEMPLATE_DIR.parent / "cuda"
+# head dims are padded to one of these (tensor-core tiles need multiples of 16; the
+# swizzled shared-memory layout multiples of 64); larger ones go to the Triton backend
+PADDED_HEAD_DIMS = (64, 128, 256)
+
+
+@functools.cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([CUDA_TEMPLATE_DIR, COMMON_TEMPLATE_DIR]),
+        bytecode_cache=jinja2.FileSystemBytecodeCache(_bytecode_dir()),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["py"] = _python_literal
+    return env
+
+
+@dataclass(frozen=True)
+class Rendered:
+    source: str  # CUDA C++
+    host: str  # the Python host module
+    entry: str
+
+
+def _nested(func: str, parts: list[str]) -> str:
+    result = parts[0]
+    for part in parts[1:]:
+        result = f"{func}({result}, {part})"
+    return result
+
+
+class _Context:
+    def __init__(self, kernel: ir.AttentionKernel, source_text: str) -> None:
+        self.k = kernel
+        self.source_text = source_text
+        self.tensors = {t.name: t for t in kernel.tensors}
+        self.query = kernel.query_axis.index if kernel.query_axis else None
+        self.key = kernel.key_axis.index
+        self.key_var = cx.index_var(self.key)
+        self.name = cx.safe_name(kernel.name)
+
+    # -------------------------------------------------------------- expressions
+
+    def env(self, split: bool, bounded: frozenset[str] | None = None) -> cu.CudaEnv:
+        """Every index reads as its ``i_`` variable; the templates declare them per program
+        (batch indices), per row (query, and the query head in split-KV) and per key."""
+        axes = [*self.k.batch_axes, self.k.key_axis]
+        if self.k.query_axis:
+            axes.append(self.k.query_axis)
+        indices = {a.index: cx.index_var(a.index) for a in axes}
+        if bounded is None:
+            rows = {self.key} | ({self.query} if self.query else set())
+            if split and self.k.group:
+                rows.add(self.k.group.head.index)
+            bounded = frozenset(rows)
+        return cu.CudaEnv(indices, self.tensors, bounded)
+
+    def bounds(self, split: bool) -> dict[str, str]:
+        """Visible keys of a tile, from its first and last query (``m_first``/``m_last``),
+        clamped into [0, N)."""
+        assert self.k.mask_plan is not None
+        key_size = "key_size"
+        rows = {"first": "m_first", "last": "m_last"}
+        limits = {"max": ("max", "0"), "min": ("min", key_size)}
+        result = {}
+        for name, (bounds, combine) in plan.key_range(self.k.mask_plan).items():
+            func, limit = limits[combine]
+            parts = []
+            for bound, row in bounds:
+                env = self.env(split, frozenset({self.key}))
+                if self.query:
+                    env = cu.CudaEnv(
+                        {**env.indices, self.query: rows[row]}, env.tensors, env.bounded
+                    )
+                parts.append(f"(int)({cu.cuda_expr(bound.expr, env)})")
+            result[name] = _nested(func, [*parts, limit])
+        return result
+
+    def score_lines(self, env: cu.CudaEnv) -> list[str]:
+        scale = cu.cuda_expr(self.k.score_scale, env)
+        if self.k.score_scale.type != "float":
+            scale = f"(float)({scale})"
+        if not self.k.score_mods:
+            # log2(e) folds into the scale: one multiply per score
+            return [f"float s2 = qk * (({scale}) * ATTNCC_LOG2E);"]
+        lines = [f"float s = qk * ({scale});"]
+        lines += [f"s = {cu.cuda_expr(mod, env)};" for mod in self.k.score_mods]
+        lines.append("float s2 = s * ATTNCC_LOG2E;")
+        return lines
+
+    def masks(self, env: cu.CudaEnv) -> tuple[str, str | None]:
+        plan_ = self.k.mask_plan
+        assert plan_ is not None
+        partial = [f"{self.key_var} < key_size"]
+        partial += [f"({cu.cuda_expr(m, env)})" for m in self.k.masks]
+        residual = [f"({cu.cuda_expr(m, env)})" for m in plan_.residual]
+        return " && ".join(partial), (" && ".join(residual) or None)
+
+    # -------------------------------------------------------------- operands
+
+    def row_operand(self, operand: ir.Operand, col: str, env: cu.CudaEnv) -> tuple[str, str]:
+        """Per-row offset (base included) and the stride along the head dim."""
+        offset, col_stride = [], "0"
+        for part in plan.operand_parts(operand, None, col):
+            stride = cx.stride_var(operand.tensor, part.axis)
+            if part.kind == "col":
+                col_stride = stride
+            else:
+                offset.append(f"({cu.cuda_expr(part.sub, env)}) * {stride}")
+        return " + ".join(offset) or "0", col_stride
+
+    def kv_operand(
+        self,
+        operand: ir.Operand,
+        col: str,
+        env: cu.CudaEnv,
+        replaced: dict[ir.Expr, str] | None = None,
+    ) -> dict[str, str]:
+        """Keys or values: a per-program base, the offset of key ``i_<key>`` (a stride step,
+        or a gather through a page table), the head-dim stride."""
+        base, key, col_stride = [], [], "0"
+        keys = cu.CudaEnv(env.indices, env.tensors, frozenset({self.key}))
+        for part in plan.operand_parts(operand, None, col, self.key, replaced):
+            stride = cx.stride_var(operand.tensor, part.axis)
+            if part.kind == "key":
+                key.append(f"{self.key_var} * {stride}")
+            elif part.kind == "col":
+                col_stride = stride
+            elif part.kind == "replaced":
+                base.append(f"{part.var} * {stride}")
+            elif part.kind == "gather":
+                key.append(f"({cu.cuda_expr(part.sub, keys)}) * {stride}")
+            else:
+                base.append(f"({cu.cuda_expr(part.sub, env)}) * {stride}")
+        return {
+            "base": " + ".join(base) or "0",
+            "key": " + ".join(key) or "0",
+            "col": col_stride,
+        }
+
+    def output_offsets(self) -> tuple[str, str, str]:
+        """Per-row offsets of the output and the log-sum-exp, and the output's value stride."""
+        out = self.k.output
+        offset, col = [], "0"
+        for axis, index in enumerate(out.indices):
+            stride = cx.stride_var(out.name, axis)
+            if index == self.k.value_axis.index:
+                col = stride
+            else:
+                offset.append(f"{cx.index_var(index)} * {stride}")
+        lse_axes = [a.index for a in self.k.batch_axes] + ([self.query] if self.query else [])
+        lse = [f"{cx.index_var(index)} * lse_stride_{i}" for i, index in enumerate(lse_axes)]
+        return " + ".join(offset) or "0", " + ".join(lse) or "0", col
+
+    # -------------------------------------------------------------- modes
+
+    def mode(
+        self,
+        split: bool,
+        batch_lines: list[str],
+        row_lines: list[str],
+        row_ok: str,
+        replaced: dict[ir.Expr, str] | None,
+    ) -> dict[str, Any]:
+        k = self.k
+        env = self.env(split)
+        program = cu.CudaEnv(env.indices, env.tensors, frozenset())
+        q_offset, q_col = self.row_operand(k.query, k.head_axis.index, env)
+        o_offset, lse_offset, _ = self.output_offsets()
+        mask_partial, mask_full = self.masks(env)
+        return {
+            "batch_lines": batch_lines,
+            "row_lines": row_lines,
+            "row_ok": row_ok,
+            "row_first": cx.index_var(self.query) if self.query else "0",
+            "q_offset": q_offset,
+            "q_col": q_col,
+            "o_offset": o_offset,
+            "lse_offset": lse_offset,
+            "k": self.kv_operand(k.key, k.head_axis.index, program, replaced),
+            "v": self.kv_operand(k.value, k.value_axis.index, program, replaced),
+            "score_lines": self.score_lines(env),
+            "mask_partial": mask_partial,
+            "mask_full": mask_full,
+            "bounds": self.bounds(split),
+        }
+
+    @staticmethod
+    def decompose(axes: list[tuple[str, str]]) -> list[str]:
+        """Statements splitting ``pid_batch`` into (variable, dim) axes, last fastest."""
+        if not axes:
+            return []
+        lines = ["int rest = pid_batch;"]
+        for var, dim in reversed(axes[1:]):
+            size = cx.dim_var(dim)
+            lines += [f"const int {var} = rest % {size};", f"rest /= {size};"]
+        lines.append(f"const int {axes[0][0]} = rest;")
+        return lines
+
+    def fused_mode(self) -> dict[str, Any]:
+        k = self.k
+        batch = self.decompose([(cx.index_var(a.index), a.dim) for a in k.batch_axes])
+        if self.query and k.query_axis:
+            rows = [f"const int {cx.index_var(self.query)} = m_start + r;"]
+            row_ok = f"{cx.index_var(self.query)} < {cx.dim_var(k.query_axis.dim)}"
+        else:
+            rows, row_ok = [], "r < 1"
+        values = self.mode(False, batch, rows, row_ok, None)
+        values["rows"] = cx.dim_var(k.query_axis.dim) if k.query_axis else "1"
+        return values
+
+    def split_mode(self) -> dict[str, Any] | None:
+        """Split-KV: one program per (chunk, batch entry and kv head); its rows are every
+        (query head of the group, query) pair."""
+        k = self.k
+        if k.schedule != "split_kv" and not k.split_max_queries:
+            return None
+        group = k.group
+        kv_head = cx.index_var(group.kv_dim) if group else None
+        program_axes = [
+            (kv_head, group.kv_dim)
+            if group and kv_head and a.index == group.head.index
+            else (cx.index_var(a.index), a.dim)
+            for a in k.batch_axes
+        ]
+        rows = []
+        if group:
+            rows.append(
+                f"const int {cx.index_var(group.head.index)} = {kv_head} * group + r / m_rows;"
+            )
+        if self.query:
+            rows.append(f"const int {cx.index_var(self.query)} = r % m_rows;")
+        mapping = group_subscript(k)
+        replaced = {mapping: kv_head} if mapping is not None and kv_head else None
+        values = self.mode(True, self.decompose(program_axes), rows, "r < n_rows", replaced)
+        values.update(
+            split_fn=f"attncc_{self.name}_split",
+            rows_split_fn=f"attncc_{self.name}_rows_split",
+            combine_fn=f"attncc_{self.name}_combine",
+        )
+        return values
+
+    # -------------------------------------------------------------- host
+
+    def kernel_params(self) -> tuple[list[str], list[str]]:
+        """C++ parameter declarations and the host expressions passed for them."""
+        decls: list[str] = []
+        host_args: list[str] = []
+        for t in self.k.tensors:
+            decls.append(f"{cu.pointer_type(t)} {cx.tensor_var(t.name)}")
+            host_args.append(f"_ptr(tensors[{t.name!r}])")
+            for axis in range(len(t.dims)):
+                decls.append(f"int {cx.stride_var(t.name, axis)}")
+                host_args.append(f"_i32(tensors[{t.name!r}].stride({axis}))")
+        out = self.k.output
+        decls.append(f"elem_t* __restrict__ {cx.tensor_var(out.name)}")
+        host_args.append("_ptr(out)")
+        for axis in range(len(out.indices)):
+            decls.append(f"int {cx.stride_var(out.name, axis)}")
+            host_args.append(f"_i32(out.stride({axis}))")
+        decls.append("float* __restrict__ lse_ptr")
+        host_args.append("_ptr(lse)")
+        rank = len(self.k.batch_axes) + (1 if self.query else 0)
+        for axis in range(rank):
+            decls.append(f"int lse_stride_{axis}")
+            host_args.append(f"_i32(lse.stride({axis}))")
+        for dim in self.k.dims:
+            decls.append(f"int {cx.dim_var(dim)}")
+            host_args.append(f"_i32(sizes[{dim!r}])")
+        for p in self.k.params:
+            ctype = "float" if p.type == "float" else "int"
+            decls.append(f"{ctype} {cx.param_var(p.name)}")
+            host_args.append(f"_{'f32' if p.type == 'float' else 'i32'}(params[{p.name!r}])")
+        return decls, host_args
+
+    def col_axis(self, operand: ir.Operand, col: str) -> int:
+        """The axis of ``operand`` read by the head dim ``col`` (16-byte loads need it
+        contiguous), or -1 when no plain subscript reads it."""
+        for part in plan.operand_parts(operand, None, col):
+            if part.kind == "col":
+                return part.axis
+        return -1
+
+    def values(self) -> dict[str, Any]:
+        k = self.k
+        decls, host_args = self.kernel_params()
+        _, _, o_col = self.output_offsets()
+        split = self.split_mode()
+        query = k.query_axis
+        group = k.group
+        return {
+            "header": host.header(k, self.source_text),
+            "name": self.name,
+            "doc": host.doc(k),
+            "fused_fn": f"attncc_{self.name}_fwd",
+            "rows_fn": f"attncc_{self.name}_rows",
+            "fused": self.fused_mode(),
+            "split": split,
+            "kernel_params": decls,
+            "launch_args": host_args,
+            "key_var": self.key_var,
+            "key_size": cx.dim_var(k.key_axis.dim),
+            "q_name": k.query.tensor,
+            "k_name": k.key.tensor,
+            "v_name": k.value.tensor,
+            "o_name": k.output.name,
+            "head_dim": cx.dim_var(k.head_axis.dim),
+            "value_dim": cx.dim_var(k.value_axis.dim),
+            "o_col": o_col,
+            # host side
+            "head_dim_name": k.head_axis.dim,
+            "value_dim_name": k.value_axis.dim,
+            "rows_host": f"sizes[{query.dim!r}]" if query else "1",
+            "batch_programs": " * ".join(f"sizes[{a.dim!r}]" for a in k.batch_axes) or "1",
+            "host_key_size": f"sizes[{k.key_axis.dim!r}]",
+            "vec_axes": {
+                "q": [k.query.tensor, self.col_axis(k.query, k.head_axis.index)],
+                "k": [k.key.tensor, self.col_axis(k.key, k.head_axis.index)],
+                "v": [k.value.tensor, self.col_axis(k.value, k.value_axis.index)],
+            },
+            "split_programs_host": " * ".join(
+                f"sizes[{(group.kv_dim if group and a.index == group.head.index else a.dim)!r}]"
+                for a in k.batch_axes
+            )
+            or "1",
+            "group_host": f"sizes[{group.head.dim!r}] // sizes[{group.kv_dim!r}]" if group else "1",
+            "max_queries": k.split_max_queries,
+            "split_only": k.schedule == "split_kv",
+            "padded_head_dims": list(PADDED_HEAD_DIMS),
+            "output": {
+                "dims": list(k.output.dims),
+                "lse_dims": [a.dim for a in k.batch_axes] + ([query.dim] if query else []),
+            },
+            **host.tables(k),
+        }
+
+
+def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:
+    """The CUDA source and the host module for ``kernel``; the entry is named like the spec."""
+    if kernel.schedule == "naive":
+        raise ValueError(
+            f"attncc {kernel.name}: schedule 'naive' is not available for target cuda "
+            "(use schedule 'fused' or 'split_kv', or target 'triton')"
+        )
+    context = _Context(kernel, source_text)
+    values = context.values()
+    env = environment()
+    source = env.get_template("kernels.cu.jinja").render(**values)
+    host_module = env.get_template("host.py.jinja").render(cuda_source=source, **values)
+    return Rendered(source, host_module, values["name"])

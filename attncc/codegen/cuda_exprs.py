@@ -1,0 +1,147 @@
+"""Render IR expressions as CUDA C++ (device code of the CUDA backend).
+
+Names get the prefixes of ``attncc.codegen.exprs`` (``i_`` index, ``d_`` dim, ``p_`` param,
+``t_`` tensor pointer, ``s_`` stride), re-checked by ``safe_name``, so no spec name can
+collide with a template local or a C++ keyword.
+
+Types follow the IR: ``int`` expressions are C ``int`` (32-bit offsets, as in the Triton
+backend; ``i64`` tensor elements stay ``long long``), ``float`` expressions are ``float``
+(ints are cast first, so ``1 / D`` never divides integers), ``bool`` is ``bool``. C's
+integer ``/`` and ``%`` truncate toward zero, the IR's semantics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from attncc.codegen.exprs import dim_var, param_var, stride_var, tensor_var
+from attncc.ir import nodes as ir
+from attncc.ir.verify import indices_of
+
+# C++ element type of each spec dtype; "float" inputs share the kernel's float type ``elem_t``
+ELEMENT_TYPES = {
+    "float": "elem_t",
+    "f16": "f16_t",
+    "bf16": "bf16_t",
+    "f32": "float",
+    "f64": "double",
+    "i32": "int",
+    "i64": "long long",
+    "bool": "bool",
+}
+
+_FLOAT_FUNCS = {
+    "exp": "expf",
+    "log": "logf",
+    "sqrt": "sqrtf",
+    "tanh": "attncc_tanh",
+    "abs": "fabsf",
+    "min": "fminf",
+    "max": "fmaxf",
+}
+_INT_FUNCS = {"abs": "abs", "min": "min", "max": "max"}
+
+
+@dataclass(frozen=True)
+class CudaEnv:
+    """How names read in device code: each index is a C++ variable (or expression).
+
+    ``bounded`` indices may run past their dim (padded query rows, keys past the end):
+    loads through them are guarded, as in the Triton backend.
+    """
+
+    indices: Mapping[str, str]
+    tensors: Mapping[str, ir.TensorArg]
+    bounded: frozenset[str] = frozenset()
+    score: str = "s"
+
+
+def float_literal(value: float) -> str:
+    if math.isnan(value):
+        return "__int_as_float(0x7fc00000)"
+    if math.isinf(value):
+        return "__int_as_float(0x7f800000)" if value > 0 else "__int_as_float(0xff800000)"
+    text = repr(float(value))
+    return f"{text}f"
+
+
+def cuda_expr(expr: ir.Expr, env: CudaEnv) -> str:
+    match expr:
+        case ir.Const(value=value, type=t):
+            if isinstance(value, bool) or t == "bool":
+                return "true" if value else "false"
+            return float_literal(float(value)) if t == "float" else repr(int(value))
+        case ir.Index(name=name):
+            return env.indices[name]
+        case ir.Dim(name=name):
+            return dim_var(name)
+        case ir.Param(name=name):
+            return param_var(name)
+        case ir.Score():
+            return env.score
+        case ir.Load(tensor=name, indices=subs):
+            return _load(expr, name, subs, env)
+        case ir.Unary(op="neg", operand=x):
+            return f"(-{cuda_expr(x, env)})"
+        case ir.Unary(op="not", operand=x):
+            return f"(!({cuda_expr(x, env)}))"
+        case ir.BinOp(op=op, left=a, right=b):
+            left, right = cuda_expr(a, env), cuda_expr(b, env)
+            if op == "and":
+                return f"(({left}) && ({right}))"
+            if op == "or":
+                return f"(({left}) || ({right}))"
+            if expr.type == "float" or (op in ir.COMPARE_OPS and "float" in (a.type, b.type)):
+                left, right = _as_float(a, left), _as_float(b, right)
+                if op == "%":
+                    return f"fmodf({left}, {right})"
+            return f"({left} {op} {right})"
+        case ir.Call(func="where", args=(cond, a, b)):
+            then, other = cuda_expr(a, env), cuda_expr(b, env)
+            if expr.type == "float":
+                then, other = _as_float(a, then), _as_float(b, other)
+            return f"(({cuda_expr(cond, env)}) ? {then} : {other})"
+        case ir.Call(func=func, args=args):
+            if expr.type == "int":
+                rendered = ", ".join(cuda_expr(x, env) for x in args)
+                return f"{_INT_FUNCS[func]}({rendered})"
+            rendered = ", ".join(_as_float(x, cuda_expr(x, env)) for x in args)
+            return f"{_FLOAT_FUNCS[func]}({rendered})"
+    raise AssertionError(expr)
+
+
+def _as_float(expr: ir.Expr, text: str) -> str:
+    return text if expr.type == "float" else f"((float){text})"
+
+
+def _load(expr: ir.Load, name: str, subs: tuple[ir.Expr, ...], env: CudaEnv) -> str:
+    arg = env.tensors[name]
+    rendered = [cuda_expr(sub, env) for sub in subs]
+    offset = " + ".join(
+        f"({text}) * {stride_var(name, axis)}" for axis, text in enumerate(rendered)
+    )
+    read = f"{tensor_var(name)}[{offset}]"
+    if expr.type == "float":
+        read = f"to_float({read})"
+    bounds = [
+        f"({text}) >= 0 && ({text}) < {dim_var(dim)}"
+        for sub, text, dim in zip(subs, rendered, arg.dims, strict=True)
+        if _needs_bounds(sub, env)
+    ]
+    if not bounds:
+        return f"({read})"
+    zero = {"float": "0.0f", "bool": "false"}.get(expr.type, "0")
+    return f"(({' && '.join(bounds)}) ? {read} : {zero})"
+
+
+def _needs_bounds(sub: ir.Expr, env: CudaEnv) -> bool:
+    """Plain batch indices are in range by construction; anything else is checked."""
+    if isinstance(sub, ir.Index) and sub.name not in env.bounded:
+        return False
+    return bool(indices_of(sub) & env.bounded) or not isinstance(sub, ir.Index)
+
+
+def pointer_type(arg: ir.TensorArg) -> str:
+    return f"const {ELEMENT_TYPES[arg.dtype]}* __restrict__"

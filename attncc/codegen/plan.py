@@ -1,0 +1,80 @@
+"""Backend-neutral facts both renderers need: how an operand's subscripts split, and which
+rows of a query tile give the extremes of its visible key range.
+
+The Triton and CUDA backends render these into their own syntax; neither re-derives them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from attncc.ir import nodes as ir
+from attncc.ir.verify import indices_of
+
+PartKind = Literal["row", "col", "key", "replaced", "gather", "base"]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One subscript of an operand: its axis (stride ``s_<tensor>_<axis>``) and its role.
+
+    ``row``/``col``: a plain row or column index (a stride step); ``key``: a plain key index
+    (keys are a stride step apart); ``gather``: a subscript that reads the key index through
+    other tensors or arithmetic (a paged cache's page table); ``replaced``: a subscript the
+    caller gives as a scalar variable (split-KV's kv head); ``base``: anything else, constant
+    over the program.
+    """
+
+    axis: int
+    kind: PartKind
+    sub: ir.Expr
+    var: str = ""
+
+
+def operand_parts(
+    operand: ir.Operand,
+    row: str | None,
+    col: str,
+    key: str | None = None,
+    replaced: dict[ir.Expr, str] | None = None,
+) -> list[Part]:
+    """Classify each subscript of ``operand`` (in axis order)."""
+    parts: list[Part] = []
+    for axis, sub in enumerate(operand.indices):
+        if isinstance(sub, ir.Index) and row is not None and sub.name == row:
+            parts.append(Part(axis, "row", sub))
+        elif isinstance(sub, ir.Index) and key is not None and sub.name == key:
+            parts.append(Part(axis, "key", sub))
+        elif isinstance(sub, ir.Index) and sub.name == col:
+            parts.append(Part(axis, "col", sub))
+        elif replaced and sub in replaced:
+            parts.append(Part(axis, "replaced", sub, replaced[sub]))
+        elif key is not None and key in indices_of(sub):
+            parts.append(Part(axis, "gather", sub))
+        else:
+            parts.append(Part(axis, "base", sub))
+    return parts
+
+
+Extreme = Literal["min", "max"]
+
+
+def bound_row(bound: ir.KeyBound, extreme: Extreme) -> Literal["first", "last"]:
+    """Which row of a query tile gives the smallest ("min") or largest ("max") value of
+    ``bound``: the first row when the bound grows with the query index, else the last."""
+    first_is_min = bound.slope >= 0
+    return "first" if (extreme == "min") == first_is_min else "last"
+
+
+def key_range(plan: ir.MaskPlan) -> dict[str, tuple[list[tuple[ir.KeyBound, str]], str]]:
+    """The four bounds of a query tile's keys as (bound, row) lists and how they combine:
+    ``lo``/``hi`` cover every visible key of the tile, ``full_lo``/``full_hi`` the keys
+    every row of the tile sees. Each is clamped into [0, N) by the backend ("max" of the
+    lower bounds with 0, "min" of the upper bounds with N)."""
+    return {
+        "lo": ([(b, bound_row(b, "min")) for b in plan.lower], "max"),
+        "hi": ([(b, bound_row(b, "max")) for b in plan.upper], "min"),
+        "full_lo": ([(b, bound_row(b, "max")) for b in plan.lower], "max"),
+        "full_hi": ([(b, bound_row(b, "min")) for b in plan.upper], "min"),
+    }

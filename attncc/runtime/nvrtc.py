@@ -1,0 +1,172 @@
+"""Compile CUDA sources with NVRTC (through ``cuda.core``), cache the cubins on disk, launch
+kernels on PyTorch's current stream.
+
+``cuda.core`` is imported on first use only, so machines without cuda-python (CPU-only CI)
+still import attncc and render CUDA sources. A cubin is keyed by the source, the ATTNCC_*
+macros selecting the variant, the GPU architecture and the attncc version; it is written
+atomically under ``<cache>/cubin`` and loaded from there by later processes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attncc import __version__
+from attncc.cache import atomic_write_bytes, cache_dir, content_key
+
+_LOCK = threading.Lock()
+_KERNELS: dict[tuple[str, tuple[tuple[str, Any], ...], int, tuple[str, ...]], tuple[Any, ...]] = {}
+_STREAMS: dict[tuple[int, int], Any] = {}
+_DEVICES: dict[int, Any] = {}
+
+
+class CudaUnavailable(RuntimeError):
+    """cuda-python (cuda.core) is missing: the CUDA target cannot compile or launch."""
+
+
+def _core() -> Any:
+    try:
+        import cuda.core as core
+    except ImportError:
+        try:
+            import cuda.core.experimental as core
+        except ImportError as err:
+            raise CudaUnavailable(
+                "target 'cuda' needs cuda-python's cuda.core (pip install cuda-python); "
+                "use target='triton' otherwise"
+            ) from err
+    return core
+
+
+def pointer(t: torch.Tensor) -> np.uint64:
+    return np.uint64(t.data_ptr())
+
+
+def int32(x: int) -> np.int32:
+    return np.int32(int(x))
+
+
+def float32(x: float) -> np.float32:
+    return np.float32(float(x))
+
+
+def arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def source_key(source: str) -> str:
+    """The content key of a CUDA source (host modules compute it once, at import)."""
+    return content_key(source)
+
+
+def cubin_path(source_key: str, defines: Sequence[tuple[str, Any]], target: str) -> Path:
+    text = "".join(f"#define {k} {v}\n" for k, v in defines)
+    key = content_key(source_key, text, target, __version__)
+    return cache_dir() / "cubin" / f"{key[:32]}.cubin"
+
+
+def compile_cubin(source: str, defines: Sequence[tuple[str, Any]], target: str) -> bytes:
+    """NVRTC: the source with ``#define`` lines for ``defines`` in front, to a cubin."""
+    core = _core()
+    text = "".join(f"#define {k} {v}\n" for k, v in defines) + source
+    options = core.ProgramOptions(std="c++17", arch=target)
+    program = core.Program(text, "c++", options)
+    try:
+        obj = program.compile("cubin")
+    except Exception as err:
+        raise RuntimeError(
+            f"attncc: NVRTC failed to compile a generated CUDA kernel ({target}); "
+            f"this is an attncc bug, please report it with the spec.\n{err}"
+        ) from err
+    code = obj.code
+    return bytes(code) if not isinstance(code, bytes) else code
+
+
+def _device(device: torch.device) -> Any:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    found = _DEVICES.get(index)
+    if found is None:
+        found = _core().Device(index)
+        _DEVICES[index] = found
+    found.set_current()
+    return found
+
+
+def kernels(
+    source: str,
+    key_of_source: str,
+    defines: tuple[tuple[str, Any], ...],
+    names: tuple[str, ...],
+    device: torch.device,
+) -> tuple[Any, ...]:
+    """The kernels ``names`` of ``source`` compiled with ``defines`` for ``device``'s GPU:
+    from this process's table, else the disk cache, else NVRTC."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (key_of_source, defines, index, names)
+    found = _KERNELS.get(key)
+    if found is not None:
+        return found
+    with _LOCK:
+        found = _KERNELS.get(key)
+        if found is not None:
+            return found
+        core = _core()
+        _device(device)
+        target = arch(device)
+        path = cubin_path(key_of_source, defines, target)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            data = compile_cubin(source, defines, target)
+            atomic_write_bytes(path, data)
+        obj = core.ObjectCode.from_cubin(data)
+        found = tuple(obj.get_kernel(name) for name in names)
+        _KERNELS[key] = found
+        return found
+
+
+class _TorchStream:
+    """PyTorch's current stream as a ``__cuda_stream__`` object for cuda.core."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def _stream(device: torch.device) -> Any:
+    handle = int(torch.cuda.current_stream(device).cuda_stream)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    found = _STREAMS.get((index, handle))
+    if found is None:
+        cuda_device = _device(device)
+        try:
+            found = cuda_device.create_stream(_TorchStream(handle))
+        except Exception:
+            if handle != 0:
+                raise
+            found = cuda_device.default_stream  # the legacy default stream, torch's default
+        _STREAMS[(index, handle)] = found
+    return found
+
+
+def launch(
+    kernel: Any,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    args: Sequence[Any],
+    device: torch.device,
+) -> None:
+    """Launch on PyTorch's current stream of ``device`` (static shared memory only)."""
+    core = _core()
+    _device(device)  # the stream's context must be current (the NULL stream uses it)
+    config = core.LaunchConfig(grid=grid, block=block)
+    core.launch(_stream(device), config, kernel, *args)

@@ -1,0 +1,281 @@
+"""The CUDA backend without a GPU: every example renders and compiles with nvcc (sm_90), the
+expression renderer, the errors, the template rules and a golden source.
+
+Every example's source goes through nvcc's front end and NVVM (``--ptx``) in the default
+variant (bf16 tensor cores, head dims padded to 128) and the fp32 FMA variant: what a spec
+changes is C++ text, and that is where it can go wrong. Shared memory and registers depend
+on the variant macros only, so the full compile (ptxas included) runs per variant on the
+GQA prefill example (fused and split-KV kernels), and once on the paged decode gather. Jobs run in
+parallel; the CI time stays well under a minute.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+
+import golden_files
+import jinja2
+import pytest
+import torch
+
+import attncc
+from attncc.api import build
+from attncc.codegen import cuda as cuda_backend
+from attncc.codegen.cuda_exprs import CudaEnv, cuda_expr, float_literal
+from attncc.ir import nodes as ir
+from attncc.passes.schedule import split_kv_blocker
+from codegen.test_golden import HEADER, all_variables, own_variables
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+NAMES = sorted(p.stem for p in EXAMPLES.glob("*.attn"))
+NVCC = shutil.which("nvcc")
+
+# the variants the runtime picks (see templates/cuda/host.py.jinja), as ATTNCC_* macros
+VARIANTS: dict[str, dict[str, object]] = {
+    "bf16-128": {},
+    "fp32-rows": {"ATTNCC_ELEM": "float", "ATTNCC_MMA": 0, "ATTNCC_DP": 64, "ATTNCC_DVP": 64},
+    "fp16-64": {"ATTNCC_ELEM": "f16_t", "ATTNCC_DP": 64, "ATTNCC_DVP": 64},
+    "bf16-256": {
+        "ATTNCC_DP": 256,
+        "ATTNCC_DVP": 256,
+        "ATTNCC_WARPS": 2,
+        "ATTNCC_BLOCK_N": 32,
+        "ATTNCC_SPLIT_WARPS": 1,
+        "ATTNCC_SPLIT_BLOCK_N": 32,
+    },
+    "split-128-rows": {"ATTNCC_SPLIT_WARPS": 8, "ATTNCC_SPLIT_BLOCK_N": 32, "ATTNCC_FUSED": 0},
+}
+FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS] + [("paged_decode", "bf16-128")]
+
+
+def schedule_of(name: str) -> str:
+    """The schedule an example renders for (fused sources hold the split-KV kernels of
+    their few-query path too); the naive example runs fused on CUDA."""
+    _, kernel = attncc.optimise(EXAMPLES / f"{name}.attn")
+    return "fused" if kernel.schedule == "naive" else (kernel.schedule or "fused")
+
+
+@cache
+def cuda_source(name: str) -> str:
+    schedule = schedule_of(name)
+    return build(EXAMPLES / f"{name}.attn", target="cuda", schedule=schedule).source  # type: ignore[arg-type]
+
+
+def compile_jobs() -> list[tuple[str, str, str]]:
+    """(example, variant, mode): "ptx" runs the front end, "full" ptxas too."""
+    jobs = [(name, variant, "ptx") for name in NAMES for variant in ("bf16-128", "fp32-rows")]
+    jobs += [(name, variant, "full") for name, variant in FULL_COMPILE]
+    return jobs
+
+
+@cache
+def nvcc_results(tmp: str) -> dict[tuple[str, str, str], tuple[int, str]]:
+    def run(job: tuple[str, str, str]) -> tuple[int, str]:
+        name, variant, mode = job
+        path = Path(tmp) / f"{name}.cu"
+        defines = [f"-D{k}={v}" for k, v in VARIANTS[variant].items()]
+        out = Path(tmp) / f"{name}.{variant}.{mode}"
+        flag = "--ptx" if mode == "ptx" else "-c"
+        cmd = [NVCC or "nvcc", "-arch=sm_90", "-std=c++17", flag, str(path), "-o", str(out)]
+        done = subprocess.run([*cmd, *defines], capture_output=True, text=True, timeout=600)
+        return done.returncode, done.stdout + done.stderr
+
+    jobs = compile_jobs()
+    for name in {job[0] for job in jobs}:  # render serially: one Jinja environment
+        (Path(tmp) / f"{name}.cu").write_text(cuda_source(name))
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return dict(zip(jobs, pool.map(run, jobs), strict=True))
+
+
+@pytest.fixture(scope="module")
+def nvcc_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("cuda"))
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found: CUDA sources are rendered, not compiled")
+@pytest.mark.parametrize(("name", "variant", "mode"), compile_jobs())
+def test_example_compiles_with_nvcc(name: str, variant: str, mode: str, nvcc_dir: str) -> None:
+    code, log = nvcc_results(nvcc_dir)[(name, variant, mode)]
+    assert code == 0, f"nvcc failed on {name} ({variant}, {mode}):\n{log[-4000:]}"
+    assert "warning" not in log, log[-4000:]
+
+
+JINJA_LEFTOVER = re.compile(r"\{\{ |\{% |\{#")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_example_renders_for_cuda(name: str) -> None:
+    _, kernel = attncc.optimise(EXAMPLES / f"{name}.attn")
+    wanted = ["fused", "split_kv"] if not split_kv_blocker(kernel) else ["fused"]
+    for schedule in wanted:
+        built = build(EXAMPLES / f"{name}.attn", target="cuda", schedule=schedule)  # type: ignore[arg-type]
+        assert built.target == "cuda"
+        assert f"attncc_{name}_" in built.source
+        assert not JINJA_LEFTOVER.search(built.source)
+        compile(built.host, f"{name}.{schedule}.host.py", "exec")  # valid Python
+
+
+def test_golden_cuda_source() -> None:
+    built = build(EXAMPLES / "gqa_causal.attn", target="cuda")
+    golden_files.assert_golden(
+        built.source, ROOT / "tests" / "golden" / "gqa_causal.fused.cu.txt", "generated now"
+    )
+
+
+def test_cuda_source_is_deterministic_and_names_the_spec() -> None:
+    first = build(EXAMPLES / "decode.attn", target="cuda").source
+    assert first == build(EXAMPLES / "decode.attn", target="cuda").source
+    assert f"attncc {attncc.__version__}" in first.splitlines()[0]
+
+
+def test_kernel_source_is_the_cuda_source() -> None:
+    kernel = attncc.compile(EXAMPLES / "causal.attn", target="cuda")
+    assert kernel.target == "cuda"
+    assert 'extern "C" __global__' in kernel.source
+    assert kernel.path.read_text() != kernel.source  # the loaded module is the host side
+    assert kernel.input_names == ("q", "k", "v")
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_naive_schedule_is_refused_for_cuda() -> None:
+    with pytest.raises(ValueError, match="not available for target cuda"):
+        attncc.compile(EXAMPLES / "naive.attn", target="cuda")
+
+
+def test_unknown_target_lists_cuda() -> None:
+    with pytest.raises(ValueError, match="triton, cuda"):
+        attncc.compile(EXAMPLES / "causal.attn", target="metal")
+
+
+def test_cpu_tensors_are_refused_with_a_clear_error() -> None:
+    kernel = attncc.compile(EXAMPLES / "causal.attn", target="cuda")
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    with pytest.raises(ValueError, match="target 'cuda' needs CUDA tensors; use target='triton'"):
+        kernel(q, k, v)
+
+
+def test_bad_tensors_get_the_same_errors_as_triton() -> None:
+    cuda = attncc.compile(EXAMPLES / "gqa_causal.attn", target="cuda")
+    triton = attncc.compile(EXAMPLES / "gqa_causal.attn")
+    q, k, v = torch.randn(1, 3, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    for kernel in (cuda, triton):
+        with pytest.raises(ValueError, match=r"H \(3\) must be a multiple of KVH \(2\)"):
+            kernel(q, k, v)
+        with pytest.raises(TypeError, match="missing input v"):
+            kernel(q, k)
+        with pytest.raises(ValueError, match="input 'k' must have 4 dims"):
+            kernel(q, k[0], v)
+
+
+def test_fake_tensor_shapes_match_triton() -> None:
+    cuda = attncc.compile(EXAMPLES / "causal.attn", target="cuda")
+    q, k, v = (torch.randn(2, 3, 5, 16) for _ in range(3))
+    out, lse = cuda._fake(q, k, v, None, return_lse=True)
+    assert out.shape == (2, 3, 5, 16) and lse.shape == (2, 3, 5)
+
+
+# ----------------------------------------------------------------------------- expressions
+
+
+def env(**bounded: bool) -> CudaEnv:
+    tensors = {
+        "doc": ir.TensorArg("doc", ("B", "N"), "i32", "aux"),
+        "slopes": ir.TensorArg("slopes", ("H",), "float", "aux"),
+    }
+    indices = {"b": "i_b", "h": "i_h", "m": "i_m", "n": "i_n"}
+    return CudaEnv(indices, tensors, frozenset(k for k, v in bounded.items() if v))
+
+
+def test_integer_arithmetic_stays_integer_and_truncates() -> None:
+    m, n = ir.Index("m"), ir.Index("n")
+    expr = ir.BinOp("/", ir.BinOp("-", m, n, "int"), ir.Const(2, "int"), "int")
+    assert cuda_expr(expr, env()) == "((i_m - i_n) / 2)"
+    mod = ir.BinOp("%", n, ir.Dim("PAGE"), "int")
+    assert cuda_expr(mod, env()) == "(i_n % d_PAGE)"
+
+
+def test_floats_promote_ints_and_use_float_functions() -> None:
+    scale = ir.BinOp("/", ir.Const(1.0, "float"), ir.Call("sqrt", (ir.Dim("D"),), "float"), "float")
+    assert cuda_expr(scale, env()) == "(1.0f / sqrtf(((float)d_D)))"
+    tanh = ir.Call("tanh", (ir.BinOp("/", ir.Score(), ir.Param("cap", "float"), "float"),), "float")
+    assert cuda_expr(tanh, env()) == "attncc_tanh((s / p_cap))"
+    fmod = ir.BinOp("%", ir.Score(), ir.Const(2.0, "float"), "float")
+    assert cuda_expr(fmod, env()) == "fmodf(s, 2.0f)"
+
+
+def test_logic_and_where() -> None:
+    m, n = ir.Index("m"), ir.Index("n")
+    both = ir.BinOp(
+        "and",
+        ir.BinOp(">=", m, n, "bool"),
+        ir.Unary("not", ir.Const(False, "bool"), "bool"),
+        "bool",
+    )
+    assert cuda_expr(both, env()) == "(((i_m >= i_n)) && ((!(false))))"
+    pick = ir.Call("where", (ir.BinOp("<", m, n, "bool"), ir.Const(1, "int"), ir.Score()), "float")
+    assert cuda_expr(pick, env()) == "(((i_m < i_n)) ? ((float)1) : s)"
+    assert cuda_expr(ir.Call("max", (m, n), "int"), env()) == "max(i_m, i_n)"
+
+
+def test_loads_are_bounded_only_through_row_and_key_indices() -> None:
+    row = ir.Load("doc", (ir.Index("b"), ir.Index("m")), "int")
+    assert cuda_expr(row, env()) == "(t_doc[(i_b) * s_doc_0 + (i_m) * s_doc_1])"
+    guarded = cuda_expr(row, env(m=True))
+    assert guarded == (
+        "(((i_m) >= 0 && (i_m) < d_N) ? t_doc[(i_b) * s_doc_0 + (i_m) * s_doc_1] : 0)"
+    )
+    slope = ir.Load("slopes", (ir.Index("h"),), "float")
+    assert cuda_expr(slope, env()) == "(to_float(t_slopes[(i_h) * s_slopes_0]))"
+
+
+def test_special_float_literals() -> None:
+    assert float_literal(float("inf")) == "__int_as_float(0x7f800000)"
+    assert float_literal(float("-inf")) == "__int_as_float(0xff800000)"
+    assert float_literal(0.5) == "0.5f"
+    assert float_literal(1e-30) == "1e-30f"
+
+
+# ----------------------------------------------------------------------------- templates
+
+CUDA_TEMPLATES = sorted(p.name for p in cuda_backend.CUDA_TEMPLATE_DIR.glob("*.jinja"))
+
+
+def test_cuda_environment_follows_the_house_rules() -> None:
+    env_ = cuda_backend.environment()
+    assert env_.undefined is jinja2.StrictUndefined
+    assert env_.trim_blocks and env_.lstrip_blocks
+    assert {"kernels.cu.jinja", "host.py.jinja", "attend.cu.jinja"} <= set(CUDA_TEMPLATES)
+
+
+@pytest.mark.parametrize("template", ["kernels.cu.jinja", "host.py.jinja"])
+def test_rendering_without_any_variable_raises(template: str) -> None:
+    checked, kernel = attncc.optimise(EXAMPLES / "gqa_causal.attn")
+    values = cuda_backend._Context(kernel, checked.spec.source).values()
+    values["cuda_source"] = "// source"
+    env_ = cuda_backend.environment()
+    names = all_variables(env_, template)
+    assert names <= set(values), f"the context lacks {sorted(names - set(values))}"
+    for name in sorted(names):
+        partial = {k: v for k, v in values.items() if k != name}
+        with pytest.raises(jinja2.UndefinedError):
+            env_.get_template(template).render(**partial)
+
+
+@pytest.mark.parametrize("template", CUDA_TEMPLATES)
+def test_cuda_template_header_names_its_variables(template: str) -> None:
+    env_ = cuda_backend.environment()
+    source = env_.loader.get_source(env_, template)[0]  # type: ignore[union-attr]
+    header = HEADER.match(source)
+    assert header, f"{template} must open with a {{# ... #}} header comment"
+    named = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", header.group(1)))
+    missing = own_variables(env_, template) - named
+    assert not missing, f"{template}'s header does not name {sorted(missing)}"

@@ -1,0 +1,117 @@
+"""The CUDA target on a GPU: every example against the float64 reference (both schedules),
+the fp32 path, strided inputs, the few-query dispatch, torch.compile and CUDA graphs.
+
+Run on the device by benchmarks/gpu_suite.sh; without a GPU every test here is skipped.
+Each (float type, padded head dim, kernel set) is one NVRTC compile (cached on disk), so
+trial counts stay small.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import attncc
+from attncc.checking import check, table
+from attncc.passes.schedule import split_kv_blocker
+from attncc.reference import reference
+
+pytestmark = pytest.mark.gpu
+
+EXAMPLE_DIR = Path(__file__).parents[2] / "examples"
+EXAMPLES = sorted(str(p) for p in EXAMPLE_DIR.glob("*.attn"))
+
+
+@pytest.mark.parametrize("schedule", ["fused", "split_kv"])
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: Path(p).stem)
+def test_cuda_example_matches_reference(path: str, schedule: str) -> None:
+    _, lowered = attncc.optimise(path)
+    if schedule == "split_kv" and split_kv_blocker(lowered):
+        pytest.skip(f"split_kv cannot run this spec: {split_kv_blocker(lowered)}")
+    kernel = attncc.compile(path, target="cuda", schedule=schedule)  # type: ignore[arg-type]
+    max_len = 120 if schedule == "split_kv" else 700
+    results = check(kernel, trials=3, seed=11, device="cuda", max_len=max_len)
+    assert all(r.ok for r in results), table(results)
+
+
+@pytest.mark.parametrize("name", ["causal", "document_mask", "decode", "paged_decode"])
+def test_cuda_long_sequences(name: str) -> None:
+    kernel = attncc.compile(EXAMPLE_DIR / f"{name}.attn", target="cuda")
+    results = check(kernel, trials=2, seed=5, device="cuda", dtypes=(torch.bfloat16,), max_len=1500)
+    assert all(r.ok for r in results), table(results)
+
+
+@pytest.mark.parametrize("head_dim", [16, 40, 64, 96, 128, 200, 256])
+def test_cuda_head_dims_and_dtypes(head_dim: int) -> None:
+    kernel = attncc.compile(EXAMPLE_DIR / "causal.attn", target="cuda")
+    expected_fn = reference(kernel.spec)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        q, k, v = (torch.randn(2, 3, 77, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+        out, lse = kernel(q, k, v, return_lse=True)
+        exp_out, exp_lse = expected_fn(q.cpu(), k.cpu(), v.cpu(), return_lse=True)
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        assert (out.double().cpu() - torch.from_numpy(exp_out)).abs().max() < tol, (dtype, head_dim)
+        assert (lse.double().cpu() - torch.from_numpy(exp_lse)).abs().max() < 1e-3
+
+
+def test_cuda_strided_and_unaligned_inputs_take_the_scalar_loads() -> None:
+    kernel = attncc.compile(EXAMPLE_DIR / "gqa_causal.attn", target="cuda")
+    wide = torch.randn(1, 4, 50, 70, device="cuda", dtype=torch.bfloat16)
+    q = wide[..., 1:65]  # misaligned start, row stride 70
+    k = torch.randn(1, 2, 64, 50, device="cuda", dtype=torch.bfloat16).transpose(2, 3)
+    v = torch.randn(1, 2, 50, 64, device="cuda", dtype=torch.bfloat16)
+    out = kernel(q, k, v)
+    expected = reference(kernel.spec)(q.cpu(), k.cpu(), v.cpu())
+    assert (out.double().cpu() - torch.from_numpy(expected)).abs().max() < 3e-2
+
+
+def test_cuda_matches_triton_on_decode_and_prefill() -> None:
+    for name, shape in (("decode", None), ("gqa_causal", (2, 8, 300, 128))):
+        cuda = attncc.compile(EXAMPLE_DIR / f"{name}.attn", target="cuda")
+        triton = attncc.compile(EXAMPLE_DIR / f"{name}.attn")
+        if name == "decode":
+            q = torch.randn(4, 32, 128, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(4, 3000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+            lens = torch.tensor([1, 700, 2999, 3000], device="cuda", dtype=torch.int32)
+            args: tuple[torch.Tensor, ...] = (q, k, v, lens)
+        else:
+            assert shape is not None
+            q = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+            kv = (shape[0], 2, shape[2], shape[3])
+            args = (
+                q,
+                torch.randn(kv, device="cuda", dtype=torch.bfloat16),
+                torch.randn(kv, device="cuda", dtype=torch.bfloat16),
+            )
+        a, b = cuda(*args), triton(*args)
+        assert (a.float() - b.float()).abs().max() < 2e-2, name
+
+
+def test_cuda_torch_compile_fullgraph_and_cuda_graphs() -> None:
+    kernel = attncc.compile(EXAMPLE_DIR / "causal.attn", target="cuda")
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+    @torch.compile(fullgraph=True)
+    def layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return kernel(q * 1.0, k, v) + 1.0
+
+    out = layer(q, k, v)
+    expected = torch.from_numpy(reference(kernel.spec)(q.cpu(), k.cpu(), v.cpu())) + 1.0
+    assert (out.float().cpu() - expected.float()).abs().max() < 2e-2
+
+    decode = attncc.compile(EXAMPLE_DIR / "decode.attn", target="cuda")
+    dq = torch.randn(2, 32, 128, device="cuda", dtype=torch.bfloat16)
+    dk, dv = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    lens = torch.tensor([1000, 1024], device="cuda", dtype=torch.int32)
+    eager = decode(dq, dk, dv, lens)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        decode(dq, dk, dv, lens)  # warm up on the capture stream
+        with torch.cuda.graph(graph, stream=stream):
+            captured = decode(dq, dk, dv, lens)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
