@@ -32,6 +32,7 @@ import attncc
 from attncc.checking import derive_sizes, index_tensor_dims
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of
+from attncc.runtime.timing import cold_copies, median_ms
 from attncc.text import format_table
 from attncc.torch_eval import evaluate
 
@@ -264,35 +265,6 @@ def _flex_runner(
     )
 
 
-def _time(fns: list[Callable[[], Any]], graphed: bool) -> float:
-    """Median milliseconds of one call. Launch-bound (decode-sized) calls are CUDA-graph
-    replays of one call on each copy of the inputs in turn (``cold_copies``); other calls
-    go through ``do_bench``, which clears L2 before each call itself."""
-    import triton.testing
-
-    if graphed:
-
-        def rotation() -> None:
-            for fn in fns:
-                fn()
-
-        ms = triton.testing.do_bench_cudagraph(rotation, rep=50, return_mode="median")
-        return float(ms) / len(fns)
-    return float(triton.testing.do_bench(fns[0], return_mode="median"))
-
-
-def cold_copies(inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-    """The inputs plus enough clones that a rotation through them moves 3x the L2 cache.
-
-    A decode call reads each K/V byte once; repeated on the same small cache (B=1 at 8k
-    tokens is 34 MB, the H200's L2 50 MB) it would read L2, not memory, and report more
-    than the memory bandwidth. In serving the other layers evict it between calls."""
-    total = sum(t.numel() * t.element_size() for t in inputs.values())
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    count = max(1, math.ceil(3 * l2 / max(total, 1)))
-    return [inputs] + [{n: t.clone() for n, t in inputs.items()} for _ in range(count - 1)]
-
-
 @dataclass
 class Startup:
     """Seconds from spec to module (``attncc.compile``), and the first call of each shape:
@@ -350,7 +322,7 @@ def bench_spec(
         if startup is not None:
             first = time.perf_counter() - began
             startup.first_calls.append((str(shape), first, kernel.tuner.tuned - tuned))
-        ms = _time(runs, graphed)
+        ms = median_ms(runs, graphed)
         kv_bytes = sum(
             inputs[t].numel() * inputs[t].element_size()
             for t in (kernel.ir.key.tensor, kernel.ir.value.tensor)
@@ -365,7 +337,7 @@ def bench_spec(
                 continue
             try:
                 first_copy()
-                anchor_ms = _time([r[name] for r in per_copy], graphed)  # type: ignore[misc]
+                anchor_ms = median_ms([r[name] for r in per_copy], graphed)  # type: ignore[misc]
                 row.anchors[name] = flops / (anchor_ms * 1e-3) / 1e12
             except Exception as err:  # an anchor that cannot run this shape is reported, not fatal
                 print(f"  {name} failed on {shape}: {type(err).__name__}: {str(err)[:200]}")

@@ -16,7 +16,8 @@ import sys
 import torch
 
 import attncc
-from attncc.bench import DTYPES, Shape, _time, bench_inputs, cold_copies, sizes_for
+from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for
+from attncc.runtime.timing import cold_copies, median_ms
 
 spec, shape_text = sys.argv[1], sys.argv[2]
 dtype = DTYPES[sys.argv[3] if len(sys.argv) > 3 else "bf16"]
@@ -56,7 +57,7 @@ for config in configs:
     try:
         runs[0]()
         torch.cuda.synchronize()
-        ms = _time(runs, graphed)
+        ms = median_ms(runs, graphed)
     except Exception as err:  # shared memory or register limits: report and go on
         print(f"{config}: {type(err).__name__}: {str(err)[:120]}")
         continue

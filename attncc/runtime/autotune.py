@@ -18,26 +18,30 @@ import torch
 
 from attncc.cache import atomic_write, cache_dir
 from attncc.ir.nodes import AttentionKernel, TileConfig
+from attncc.runtime.timing import cold_copies
 
+# prefill: tile and whether K/V tiles are TMA copies (where the layout allows); from
+# benchmarks/sweep.py on an H200 (docs/performance.md). 128x128x8x2 with TMA is left out:
+# ptxas (CUDA 13.0) crashes on it.
 PREFILL_CANDIDATES = (
-    TileConfig(128, 64, 8, 3),
-    TileConfig(128, 128, 8, 3),
-    TileConfig(128, 64, 4, 3),
-    TileConfig(128, 128, 8, 2),
-    TileConfig(64, 64, 4, 3),
-    TileConfig(64, 128, 4, 3),
-    TileConfig(128, 32, 4, 4),
-    TileConfig(64, 32, 4, 2),
+    (TileConfig(64, 64, 4, 3), True),
+    (TileConfig(128, 128, 8, 3), True),
+    (TileConfig(128, 64, 8, 4), False),
+    (TileConfig(128, 64, 8, 3), False),
+    (TileConfig(128, 128, 8, 3), False),
+    (TileConfig(64, 64, 4, 3), False),
+    (TileConfig(128, 64, 4, 3), True),
+    (TileConfig(64, 128, 4, 3), True),
 )
 # split-KV (decode): tile and `waves`, how many times over the key-axis splits fill the GPU
 SPLIT_CANDIDATES = (
-    (TileConfig(16, 64, 4, 3), 2),
-    (TileConfig(16, 128, 4, 3), 2),
-    (TileConfig(16, 64, 4, 4), 4),
-    (TileConfig(16, 32, 4, 4), 4),
-    (TileConfig(16, 128, 8, 3), 2),
     (TileConfig(16, 64, 4, 3), 1),
-    (TileConfig(16, 128, 4, 3), 4),
+    (TileConfig(16, 64, 4, 4), 1),
+    (TileConfig(16, 128, 4, 3), 1),
+    (TileConfig(16, 64, 4, 3), 2),
+    (TileConfig(16, 128, 4, 2), 1),
+    (TileConfig(16, 32, 4, 3), 2),
+    (TileConfig(16, 128, 4, 2), 8),
     (TileConfig(16, 64, 4, 3), 8),
 )
 
@@ -46,19 +50,21 @@ def enabled() -> bool:
     return os.environ.get("ATTNCC_AUTOTUNE", "1") != "0"
 
 
-def _as_launch(config: TileConfig, waves: int | None = None) -> dict[str, int]:
-    launch = {
+def _as_launch(config: TileConfig, **extra: int) -> dict[str, int]:
+    return {
         "BLOCK_M": config.block_m,
         "BLOCK_N": config.block_n,
         "num_warps": config.num_warps,
         "num_stages": config.num_stages,
+        **extra,
     }
-    return launch if waves is None else {**launch, "waves": waves}
 
 
 def _do_bench(fn: Callable[[], Any], config: dict[str, int]) -> float:
     import triton.testing
 
+    if "waves" in config:  # split-KV calls are launch-bound: time CUDA-graph replays
+        return float(triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
 
 
@@ -124,9 +130,9 @@ class Tuner:
             rows = sizes[self.kernel.query_axis.dim] if self.kernel.query_axis else 1
             split = self.kernel.schedule == "split_kv" or rows <= self.kernel.split_max_queries
             candidates = (
-                [_as_launch(tile, waves) for tile, waves in SPLIT_CANDIDATES]
+                [_as_launch(tile, waves=waves) for tile, waves in SPLIT_CANDIDATES]
                 if split
-                else [_as_launch(tile) for tile in PREFILL_CANDIDATES]
+                else [_as_launch(tile, tma=int(tma)) for tile, tma in PREFILL_CANDIDATES]
             )
             stored = self._tune(module, tensors, params, return_lse, candidates)
             merged = self._load()
@@ -145,13 +151,18 @@ class Tuner:
     ) -> dict[str, int]:
         self.tuned += 1
         best: tuple[float, dict[str, int]] | None = None
+        # split-KV calls read a cache that may fit in L2: time a rotation over copies
+        split = "waves" in candidates[0]
+        on_gpu = all(getattr(t, "is_cuda", False) for t in tensors.values())
+        copies = cold_copies(tensors) if split and on_gpu else [tensors]
         for launch in candidates:
 
-            def run(launch: dict[str, int] = launch) -> Any:
-                return module._forward(tensors, params, return_lse, launch)
+            def run(launch: dict[str, int] = launch) -> None:
+                for c in copies:
+                    module._forward(c, params, return_lse, launch)
 
             try:
-                ms = self.timer(run, launch)
+                ms = self.timer(run, launch) / len(copies)
             except Exception:  # a configuration this GPU cannot run (shared memory): skip it
                 continue
             if best is None or ms < best[0]:

@@ -104,7 +104,7 @@ def test_tuning_runs_once_and_a_new_process_reuses_it() -> None:
     tuner = Tuner(kernel.ir, kernel.path.stem, timer)
     chosen = tuner.config(module, _inputs(40), {}, False)
     assert timer.calls == len(PREFILL_CANDIDATES) and tuner.tuned == 1
-    assert chosen == {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+    assert chosen == {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "tma": 1}
     assert tuner.config(module, _inputs(40), {}, False) == chosen  # same shapes: a lookup
     assert tuner.config(module, _inputs(50), {}, False) == chosen  # same length bucket
     assert tuner.tuned == 1 and timer.calls == len(PREFILL_CANDIDATES)
