@@ -9,6 +9,7 @@ them without tuning. ``ATTNCC_AUTOTUNE=0`` skips tuning and uses the default con
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from types import ModuleType
@@ -94,6 +95,9 @@ class Tuner:
 
         k = self.kernel
         rows = sizes[k.query_axis.dim] if k.query_axis is not None else 1
+        # programs along the batch axes (batch x heads): with few of them (decode at B=1)
+        # the split count and tile that fill the GPU differ from those at B=8
+        programs = math.prod(sizes[a.dim] for a in k.batch_axes)
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
         return "|".join(
             [
@@ -104,6 +108,7 @@ class Tuner:
                 f"DV={sizes[k.value_axis.dim]}",
                 f"M<={_bucket(rows)}",
                 f"N<={_bucket(sizes[k.key_axis.dim])}",
+                f"P<={_bucket(programs)}",
             ]
         )
 

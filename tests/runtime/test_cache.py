@@ -115,7 +115,7 @@ def test_tuning_runs_once_and_a_new_process_reuses_it() -> None:
     assert fresh.tuned == 0 and fresh_timer.calls == 0
     stored = json.loads(tuner.path.read_text())
     (key,) = stored
-    assert "float32" in key and "D=32" in key and "M<=64" in key and "N<=64" in key
+    assert all(part in key for part in ("float32", "D=32", "M<=64", "N<=64", "P<=2"))
 
 
 def test_another_length_bucket_tunes_again() -> None:
@@ -124,6 +124,17 @@ def test_another_length_bucket_tunes_again() -> None:
     tuner = Tuner(kernel.ir, kernel.path.stem, FakeTimer())
     tuner.config(module, _inputs(40), {}, False)
     tuner.config(module, _inputs(100), {}, False)
+    assert tuner.tuned == 2 and len(json.loads(tuner.path.read_text())) == 2
+
+
+def test_another_batch_bucket_tunes_again() -> None:
+    # decode at B=1 and at B=8 fill the GPU with different split counts: tuned apart
+    kernel = attncc.compile(EXAMPLES / "causal.attn")
+    module = kernel.module(interpreted=True)
+    tuner = Tuner(kernel.ir, kernel.path.stem, FakeTimer())
+    tuner.config(module, _inputs(40), {}, False)
+    wider = {name: torch.cat([t] * 4) for name, t in _inputs(40).items()}
+    tuner.config(module, wider, {}, False)
     assert tuner.tuned == 2 and len(json.loads(tuner.path.read_text())) == 2
 
 
