@@ -56,8 +56,10 @@ def test_torch_compile_fullgraph_on_gpu() -> None:
     assert (out.float().cpu() - expected.float()).abs().max() < 2e-2
 
 
-@pytest.mark.parametrize("name", ["fused", "causal", "gqa_causal", "document_mask", "alibi"])
-@pytest.mark.parametrize("head_dim", [128, 96])
+TMA_CASES = [("causal", 96), ("gqa_causal", 128), ("document_mask", 128), ("alibi", 64)]
+
+
+@pytest.mark.parametrize(("name", "head_dim"), TMA_CASES)
 def test_tma_descriptor_loads_on_gpu(name: str, head_dim: int) -> None:
     """Every tuning candidate with TMA copies gives what the reference gives (the correctness
     runs above use default configurations, which load through pointers)."""
