@@ -90,3 +90,37 @@ def test_split_merge_leaves_arrival_counters_zero() -> None:
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
         for buffers in kernel.module(interpreted=True)._ARRIVALS.values():
             assert all(int(b.abs().sum()) == 0 for b in buffers)
+
+
+PAGED_DOCUMENTS = """\
+# Prefill over a paged cache with document ids: the tile index's list loops read pages too.
+attention paged_docs
+
+dims  B, H, P, PAGE, NP, M, D
+dims  N = NP * PAGE
+in    q[B, H, M, D]
+in    k_pages[P, PAGE, H, D]
+in    v_pages[P, PAGE, H, D]
+in    page_table[B, NP]: i32
+in    qdoc[B, M]: i32
+in    kdoc[B, N]: i32
+param scale: f32 = 1 / sqrt(D)
+
+view kc[b: B, n: N, h: H, d: D] = k_pages[page_table[b, n / PAGE], n % PAGE, h, d]
+view vc[b: B, n: N, h: H, d: D] = v_pages[page_table[b, n / PAGE], n % PAGE, h, d]
+
+s[b, h, m, n] = q[b, h, m, d] * kc[b, n, h, d] * scale
+mask qdoc[b, m] == kdoc[b, n]
+p = softmax(s, n)
+o[b, h, m, d] = p[b, h, m, n] * vc[b, n, h, d]
+out o
+"""
+
+
+def test_paged_cache_with_a_tile_index() -> None:
+    # the tile index's list loops visit key tiles out of order: they load page-table entries
+    # per tile instead of prefetching the next consecutive tile's
+    kernel = attncc.compile(PAGED_DOCUMENTS)
+    assert kernel.ir.tile_index is not None
+    results = check(kernel, trials=6, seed=3, max_len=120)
+    assert all(r.ok for r in results), table(results)
