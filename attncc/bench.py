@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -289,7 +290,11 @@ def bench_spec(
     documents: int = 4,
     startup: Startup | None = None,
     target: str = "triton",
+    plan: RunPlan | None = None,
 ) -> list[Row]:
+    """Time ``spec`` on each shape; ``plan`` skips shapes already measured, stops starting
+    new ones past a deadline and appends each row to a JSON-lines file as it is measured."""
+    plan = plan or RunPlan()
     began = time.perf_counter()
     # the naive schedule has no CUDA kernels: its spec runs fused there
     schedule = (
@@ -298,8 +303,14 @@ def bench_spec(
     kernel = attncc.compile(spec, target=target, schedule=schedule)  # type: ignore[arg-type]
     if startup is not None:
         startup.compile_s = time.perf_counter() - began
-    rows = []
+    rows: list[Row] = []
+    label = kernel.name if target == "triton" else f"{kernel.name} [{target}]"
     for shape in shapes or default_shapes(kernel.ir):
+        if (label, str(shape), dtype) in plan.done:
+            continue
+        if plan.deadline is not None and time.time() > plan.deadline:
+            print(f"  deadline reached: {kernel.name} {shape} and later shapes not measured")
+            break
         sizes = sizes_for(kernel.ir, shape)
         inputs = bench_inputs(kernel.ir, sizes, DTYPES[dtype], documents)
         params = kernel.param_defaults(sizes)
@@ -328,7 +339,6 @@ def bench_spec(
             for t in (kernel.ir.key.tensor, kernel.ir.value.tensor)
         )
         tbps = kv_bytes * fraction / (ms * 1e-3) / 1e12 if kernel.ir.query_axis is None else None
-        label = kernel.name if target == "triton" else f"{kernel.name} [{target}]"
         row = Row(label, str(shape), dtype, ms, flops / (ms * 1e-3) / 1e12, tbps)
         per_copy = [anchor_runners(kernel.ir, c, sizes, params, against, fraction) for c in copies]
         for name, first_copy in per_copy[0].items():
@@ -343,7 +353,34 @@ def bench_spec(
                 print(f"  {name} failed on {shape}: {type(err).__name__}: {str(err)[:200]}")
                 row.anchors[name] = None
         rows.append(row)
+        plan.record(row)
     return rows
+
+
+@dataclass
+class RunPlan:
+    """What a device call with a time limit needs to finish a large matrix over several
+    calls: the rows already in the JSON-lines file are skipped (``resume``), no shape starts
+    after ``deadline`` (seconds since the epoch), and each row is appended once measured,
+    so a call stopped at its limit keeps what it measured."""
+
+    json_path: str | None = None
+    resume: bool = False
+    deadline: float | None = None
+    done: set[tuple[str, str, str]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.resume and self.json_path and os.path.exists(self.json_path):
+            with open(self.json_path) as f:
+                for line in f:
+                    if line.strip():
+                        row = json.loads(line)
+                        self.done.add((row["spec"], row["shape"], row["dtype"]))
+
+    def record(self, row: Row) -> None:
+        if self.json_path:
+            with open(self.json_path, "a") as f:
+                f.write(json.dumps(asdict(row)) + "\n")
 
 
 def format_rows(rows: list[Row], against: list[str]) -> str:
@@ -375,12 +412,16 @@ def main(args: argparse.Namespace) -> int:
     shapes = [Shape.parse(s) for s in args.shapes.split(";") if s] or None
     startup = Startup(0.0)
     target = getattr(args, "target", "triton")
-    rows = bench_spec(args.spec, shapes, args.dtype, against, startup=startup, target=target)
+    deadline = getattr(args, "deadline", None) or os.environ.get("ATTNCC_BENCH_DEADLINE")
+    plan = RunPlan(
+        getattr(args, "json", None),
+        resume=getattr(args, "resume", False),
+        deadline=float(deadline) if deadline else None,
+    )
+    rows = bench_spec(
+        args.spec, shapes, args.dtype, against, startup=startup, target=target, plan=plan
+    )
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  target {target}")
     print(startup)
     print(format_rows(rows, against))
-    if getattr(args, "json", None):
-        with open(args.json, "a") as f:
-            for row in rows:
-                f.write(json.dumps(asdict(row)) + "\n")
     return 0

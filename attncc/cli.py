@@ -164,6 +164,15 @@ def parser() -> argparse.ArgumentParser:
     bench_p.add_argument("--against", default="sdpa-flash,sdpa-cudnn,flex")
     bench_p.add_argument("--json", help="append one JSON line per measured shape to this file")
     bench_p.add_argument("--target", default="triton", choices=["triton", "cuda"])
+    bench_p.add_argument(
+        "--resume", action="store_true", help="skip shapes already in the --json file"
+    )
+    bench_p.add_argument(
+        "--deadline",
+        type=float,
+        help="start no shape after this time (seconds since the epoch; "
+        "default $ATTNCC_BENCH_DEADLINE)",
+    )
     bench_p.set_defaults(func=_bench_cmd)
     return top
 

@@ -4,11 +4,12 @@
 # Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 #
 #   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [matrix] [startup] [decode]
-#                                [sweep] [cuda]
+#                                [sweep] [cuda] [full]
 #   (default: tests check bench startup; `quick` is one shape a variant, `matrix` a mid-size set,
 #   `decode` the split-KV specs only: their GPU tests, checks and benchmarks; `sweep` every
 #   launch configuration of a few shapes; `cuda`: the CUDA target alone, check of every
-#   example + prefill/decode bench, a few minutes)
+#   example + prefill/decode bench, a few minutes; `full`: issue 4's whole matrix, resumable
+#   across calls)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attncc_gpu_out}
@@ -82,6 +83,28 @@ if has decode; then
     decode_shapes="1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128"
     bench examples/decode.attn "$decode_shapes" bf16
     bench examples/paged_decode.attn "$decode_shapes" bf16
+fi
+
+if has full; then
+    # Issue 4's whole matrix: 7 variants x 1k..16k (16k tokens a batch) x D 64/128 (+96, 256 at
+    # 4k) x bf16/fp16. Resumable: shapes already in $MATRIX are skipped and none starts after
+    # the deadline, so repeated calls finish it when the file comes back between them
+    # (copy $OUT/matrix.jsonl to benchmarks/results/matrix.jsonl before the next call).
+    MATRIX=benchmarks/results/matrix.jsonl
+    export ATTNCC_BENCH_DEADLINE=$(( $(date +%s) + ${BUDGET_S:-500} ))
+    d128="16,16,1024,128;8,16,2048,128;4,16,4096,128;2,16,8192,128;1,16,16384,128"
+    d64="16,32,1024,64;8,32,2048,64;4,32,4096,64;2,32,8192,64;1,32,16384,64"
+    gqa="16,32:8,1024,128;8,32:8,2048,128;4,32:8,4096,128;2,32:8,8192,128;1,32:8,16384,128"
+    for dtype in bf16 fp16; do
+        for spec in causal fused sliding_window alibi softcap document_mask; do
+            python3 -m attncc bench "examples/$spec.attn" --shapes "$d128;$d64;4,16,4096,96;4,16,4096,256" \
+                --dtype $dtype --json "$MATRIX" --resume 2>&1 | grep -vE "Warning|return sdpa" | tee -a "$OUT/matrix.log"
+        done
+        python3 -m attncc bench examples/gqa_causal.attn --shapes "$gqa" --dtype $dtype --json "$MATRIX" \
+            --resume 2>&1 | grep -vE "Warning|return sdpa" | tee -a "$OUT/matrix.log"
+    done
+    cp "$MATRIX" "$OUT/matrix.jsonl"
+    python3 benchmarks/matrix_table.py "$MATRIX" | tee "$OUT/matrix.md"
 fi
 
 if has sweep; then

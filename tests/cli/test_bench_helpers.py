@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import attncc
-from attncc.bench import Row, Shape, Startup, default_shapes, format_rows, sizes_for
+from attncc.bench import Row, RunPlan, Shape, Startup, default_shapes, format_rows, sizes_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -43,3 +43,18 @@ def test_rows_and_startup_print() -> None:
     assert (
         str(startup) == "attncc.compile 0.210 s; first calls: B=1: 2.80 s (autotuned), B=2: 0.01 s"
     )
+
+
+def test_run_plan_resumes_from_its_json_lines(tmp_path: Path) -> None:
+    path = tmp_path / "bench.jsonl"
+    first = RunPlan(str(path))
+    first.record(Row("causal", "B=4 H=16 S=4096 D=128", "bf16", 0.6, 420.0, None))
+    first.record(Row("decode [cuda]", "B=8 H=32:8 S=8192 D=128", "bf16", 0.3, 3.3, 0.8))
+    assert len(path.read_text().splitlines()) == 2  # appended as measured
+    resumed = RunPlan(str(path), resume=True)
+    assert resumed.done == {
+        ("causal", "B=4 H=16 S=4096 D=128", "bf16"),
+        ("decode [cuda]", "B=8 H=32:8 S=8192 D=128", "bf16"),
+    }
+    assert RunPlan(str(path)).done == set()  # without --resume every shape runs
+    assert RunPlan(str(tmp_path / "absent.jsonl"), resume=True).done == set()
