@@ -12,7 +12,6 @@ dims, tile sizes), compiles it with NVRTC through ``attncc.runtime.nvrtc`` and l
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,30 +19,18 @@ import jinja2
 
 from attncc.codegen import cuda_exprs as cu
 from attncc.codegen import exprs as cx
-from attncc.codegen import host, plan
-from attncc.codegen.triton import COMMON_TEMPLATE_DIR, TEMPLATE_DIR, _bytecode_dir, _python_literal
+from attncc.codegen import host, plan, templating
 from attncc.ir import nodes as ir
 from attncc.passes.schedule import group_subscript
 
-CUDA_TEMPLATE_DIR = TEMPLATE_DIR.parent / "cuda"
+CUDA_TEMPLATE_DIR = templating.TEMPLATES / "cuda"
 # head dims are padded to one of these (tensor-core tiles need multiples of 16; the
 # swizzled shared-memory layout multiples of 64); larger ones go to the Triton backend
 PADDED_HEAD_DIMS = (64, 128, 256)
 
 
-@functools.cache
 def environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader([CUDA_TEMPLATE_DIR, COMMON_TEMPLATE_DIR]),
-        bytecode_cache=jinja2.FileSystemBytecodeCache(_bytecode_dir()),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["py"] = _python_literal
-    return env
+    return templating.environment("cuda")
 
 
 @dataclass(frozen=True)
@@ -51,13 +38,6 @@ class Rendered:
     source: str  # CUDA C++
     host: str  # the Python host module
     entry: str
-
-
-def _nested(func: str, parts: list[str]) -> str:
-    result = parts[0]
-    for part in parts[1:]:
-        result = f"{func}({result}, {part})"
-    return result
 
 
 class _Context:
@@ -104,7 +84,7 @@ class _Context:
                         {**env.indices, self.query: rows[row]}, env.tensors, env.bounded
                     )
                 parts.append(f"(int)({cu.cuda_expr(bound.expr, env)})")
-            result[name] = _nested(func, [*parts, limit])
+            result[name] = templating.nested(func, [*parts, limit])
         return result
 
     def score_lines(self, env: cu.CudaEnv) -> list[str]:

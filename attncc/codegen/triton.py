@@ -6,56 +6,23 @@ All decisions (names, offsets, bounds, score lines) are made here, once; the tem
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import jinja2
 
-from attncc.cache import cache_dir
 from attncc.codegen import exprs as cx
-from attncc.codegen import host, plan
+from attncc.codegen import host, plan, templating
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of, subexprs
 from attncc.passes.schedule import group_subscript
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "triton"
-# host-side pieces every backend's generated module shares (binding, checks, tables)
-COMMON_TEMPLATE_DIR = TEMPLATE_DIR.parent / "common"
+TEMPLATE_DIR = templating.TEMPLATES / "triton"
 LOG2E = 1.4426950408889634
 
 
-def _bytecode_dir() -> str:
-    path = cache_dir() / "jinja"
-    path.mkdir(parents=True, exist_ok=True)
-    return str(path)
-
-
-def _python_literal(value: Any) -> str:
-    """The ``py`` filter: a value as a Python literal (names go into host code quoted)."""
-    if isinstance(value, jinja2.Undefined):
-        value._fail_with_undefined_error()
-    if not isinstance(value, str | int | float | bool | type(None)):
-        raise TypeError(f"py filter: {type(value).__name__} is not a literal")
-    return repr(value)
-
-
-@functools.cache
 def environment() -> jinja2.Environment:
-    """One environment per process; compiled templates are also cached on disk, so a warm
-    start skips Jinja's template compilation."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader([TEMPLATE_DIR, COMMON_TEMPLATE_DIR]),
-        bytecode_cache=jinja2.FileSystemBytecodeCache(_bytecode_dir()),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["py"] = _python_literal
-    return env
+    return templating.environment("triton")
 
 
 @dataclass(frozen=True)
@@ -114,15 +81,6 @@ def _value_range(values: str, expr: str, exact: bool, axis: int, lo: str, hi: st
         f'{lo} = tl.reduce(tl.where({number}, {values}, float("-inf")), {axis}, _min_combine)',
         f'{hi} = tl.reduce(tl.where({number}, {values}, float("inf")), {axis}, _max_combine)',
     ]
-
-
-def _nested(func: str, parts: list[str], default: str) -> str:
-    if not parts:
-        return default
-    result = parts[0]
-    for part in parts[1:]:
-        result = f"{func}({result}, {part})"
-    return result
 
 
 class _Context:
@@ -303,7 +261,7 @@ class _Context:
             func, limit = limits[combine]
             parts = [cx.triton_expr(b.expr, self.env(rows[row], vector=False)) for b, row in bounds]
             # keys lie in [0, N): bounds from the masks are clamped into that range
-            result[name] = _nested(func, [*parts, limit], limit) if parts else limit
+            result[name] = templating.nested(func, [*parts, limit])
         return result
 
     def tile_index(self) -> dict[str, Any] | None:
