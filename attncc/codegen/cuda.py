@@ -257,31 +257,20 @@ class _Context:
         """C++ parameter declarations and the host expressions passed for them."""
         decls: list[str] = []
         host_args: list[str] = []
-        for t in self.k.tensors:
-            decls.append(f"{cu.pointer_type(t)} {cx.tensor_var(t.name)}")
-            host_args.append(f"_ptr(tensors[{t.name!r}])")
-            for axis in range(len(t.dims)):
-                decls.append(f"int {cx.stride_var(t.name, axis)}")
-                host_args.append(f"_i32(tensors[{t.name!r}].stride({axis}))")
-        out = self.k.output
-        decls.append(f"elem_t* __restrict__ {cx.tensor_var(out.name)}")
-        host_args.append("_ptr(out)")
-        for axis in range(len(out.indices)):
-            decls.append(f"int {cx.stride_var(out.name, axis)}")
-            host_args.append(f"_i32(out.stride({axis}))")
-        decls.append("float* __restrict__ lse_ptr")
-        host_args.append("_ptr(lse)")
-        rank = len(self.k.batch_axes) + (1 if self.query else 0)
-        for axis in range(rank):
-            decls.append(f"int lse_stride_{axis}")
-            host_args.append(f"_i32(lse.stride({axis}))")
-        for dim in self.k.dims:
-            decls.append(f"int {cx.dim_var(dim)}")
-            host_args.append(f"_i32(sizes[{dim!r}])")
-        for p in self.k.params:
-            ctype = "float" if p.type == "float" else "int"
-            decls.append(f"{ctype} {cx.param_var(p.name)}")
-            host_args.append(f"_{'f32' if p.type == 'float' else 'i32'}(params[{p.name!r}])")
+        for arg in plan.launch_args(self.k):
+            if arg.type == "pointer":
+                if arg.source == "output":
+                    ctype = "elem_t* __restrict__"
+                elif arg.source == "lse":
+                    ctype = "float* __restrict__"
+                else:
+                    assert arg.tensor is not None
+                    ctype = cu.pointer_type(arg.tensor)
+                decls.append(f"{ctype} {arg.var}")
+                host_args.append(f"_ptr({arg.host})")
+            else:
+                decls.append(f"{arg.type} {arg.var}")
+                host_args.append(f"_{'f32' if arg.type == 'float' else 'i32'}({arg.host})")
         return decls, host_args
 
     def col_axis(self, operand: ir.Operand, col: str) -> int:

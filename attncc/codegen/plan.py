@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from attncc.codegen.exprs import dim_var, param_var, stride_var, tensor_var
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of
 
@@ -78,3 +79,47 @@ def key_range(plan: ir.MaskPlan) -> dict[str, tuple[list[tuple[ir.KeyBound, str]
         "full_lo": ([(b, bound_row(b, "max")) for b in plan.lower], "max"),
         "full_hi": ([(b, bound_row(b, "min")) for b in plan.upper], "min"),
     }
+
+
+ArgSource = Literal["tensor", "stride", "output", "lse", "dim", "param"]
+
+
+@dataclass(frozen=True)
+class LaunchArg:
+    """One kernel argument. Every backend's kernels take the same arguments in the same
+    order (``launch_args``); a backend adds only its types and host conversions.
+
+    ``host`` is host Python for the value (over ``tensors``, ``out``, ``lse``, ``sizes``,
+    ``params``); ``type`` is "pointer", "int" or "float"; ``tensor`` is the input a
+    "tensor" pointer points into."""
+
+    var: str
+    host: str
+    source: ArgSource
+    type: Literal["pointer", "int", "float"]
+    tensor: ir.TensorArg | None = None
+
+
+def launch_args(kernel: ir.AttentionKernel) -> list[LaunchArg]:
+    """Inputs with their strides, the output with its strides, the log-sum-exp with its
+    strides, every dim, every param."""
+    args: list[LaunchArg] = []
+    for t in kernel.tensors:
+        args.append(LaunchArg(tensor_var(t.name), f"tensors[{t.name!r}]", "tensor", "pointer", t))
+        for axis in range(len(t.dims)):
+            host = f"tensors[{t.name!r}].stride({axis})"
+            args.append(LaunchArg(stride_var(t.name, axis), host, "stride", "int"))
+    out = kernel.output
+    args.append(LaunchArg(tensor_var(out.name), "out", "output", "pointer"))
+    for axis in range(len(out.indices)):
+        args.append(LaunchArg(stride_var(out.name, axis), f"out.stride({axis})", "stride", "int"))
+    args.append(LaunchArg("lse_ptr", "lse", "lse", "pointer"))
+    rank = len(kernel.batch_axes) + (1 if kernel.query_axis else 0)
+    for axis in range(rank):
+        args.append(LaunchArg(f"lse_stride_{axis}", f"lse.stride({axis})", "stride", "int"))
+    for dim in kernel.dims:
+        args.append(LaunchArg(dim_var(dim), f"sizes[{dim!r}]", "dim", "int"))
+    for p in kernel.params:
+        kind: Literal["int", "float"] = "float" if p.type == "float" else "int"
+        args.append(LaunchArg(param_var(p.name), f"params[{p.name!r}]", "param", kind))
+    return args

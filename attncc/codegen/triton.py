@@ -355,33 +355,10 @@ class _Context:
         return [f"qk_scale = {scale}"], lines
 
     def kernel_params(self) -> tuple[list[str], list[str]]:
-        names: list[str] = []
-        host: list[str] = []
-        for t in self.k.tensors:
-            names.append(cx.tensor_var(t.name))
-            host.append(f"tensors[{t.name!r}]")
-            for axis in range(len(t.dims)):
-                names.append(cx.stride_var(t.name, axis))
-                host.append(f"tensors[{t.name!r}].stride({axis})")
-        out = self.k.output
-        names.append(cx.tensor_var(out.name))
-        host.append("out")
-        for axis in range(len(out.indices)):
-            names.append(cx.stride_var(out.name, axis))
-            host.append(f"out.stride({axis})")
-        names.append("lse_ptr")
-        host.append("lse")
-        rank = len(self.k.batch_axes) + (1 if self.query else 0)
-        for axis in range(rank):
-            names.append(f"lse_stride_{axis}")
-            host.append(f"lse.stride({axis})")
-        for dim in self.k.dims:
-            names.append(cx.dim_var(dim))
-            host.append(f"sizes[{dim!r}]")
-        for p in self.k.params:
-            names.append(cx.param_var(p.name))
-            cast = "float" if p.type == "float" else "int"
-            host.append(f"{cast}(params[{p.name!r}])")
+        """Kernel parameter names and the host expressions passed for them."""
+        args = plan.launch_args(self.k)
+        names = [a.var for a in args]
+        host = [f"{a.type}({a.host})" if a.source == "param" else a.host for a in args]
         return names, host
 
     def batch_lines(self, axes: tuple[ir.Axis, ...] | None = None) -> list[str]:
