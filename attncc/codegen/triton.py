@@ -136,7 +136,8 @@ class _Context:
             frozenset({self.key}),
             named=self.gathers(),
         )
-        for part in plan.operand_parts(operand, None, col, self.key, replaced):
+        parts = plan.operand_parts(operand, None, col, self.key, replaced)
+        for part in parts:
             stride = cx.stride_var(operand.tensor, part.axis)
             if part.kind == "key":
                 linear = stride
@@ -152,7 +153,7 @@ class _Context:
             gather.append(f"offs_n * {linear}")
             linear = None
         per_key = " + ".join(gather)
-        tma = self.descriptor(operand, col, env, replaced)
+        tma = self.descriptor(operand, parts, env)
         return {
             **tma,
             "base": " + ".join(base) or "0",
@@ -167,11 +168,7 @@ class _Context:
         }
 
     def descriptor(
-        self,
-        operand: ir.Operand,
-        col: str,
-        env: cx.TritonEnv,
-        replaced: dict[ir.Expr, str] | None,
+        self, operand: ir.Operand, parts: list[plan.Part], env: cx.TritonEnv
     ) -> dict[str, Any]:
         """Whether K or V tiles can be loaded through a TMA tensor descriptor, and how.
 
@@ -180,26 +177,19 @@ class _Context:
         loads) and no subscript reads through the key. The descriptor covers the whole
         tensor; a tile is the box [1, .., BLOCK_N (key axis), .., BLOCK_D (last axis)] at
         these coordinates, and out-of-range keys and head-dim columns arrive as zeros."""
-        subs = operand.indices
-        key_axes = [i for i, s in enumerate(subs) if s == ir.Index(self.key)]
-        ok = (
-            len(key_axes) == 1
-            and subs[-1] == ir.Index(col)
-            and len(subs) <= 5
-            and not any(self.key in indices_of(s) for i, s in enumerate(subs) if i not in key_axes)
-        )
-        if not ok:
+        kinds = [part.kind for part in parts]
+        if kinds.count("key") != 1 or kinds[-1] != "col" or "gather" in kinds or len(kinds) > 5:
             return {"tma": False, "coords": "", "box": ""}
         coords, box = [], []
-        for axis, sub in enumerate(subs):
-            if axis == key_axes[0]:
+        for part in parts:
+            if part.kind == "key":
                 coords.append("start_n")
                 box.append("block_n")
-            elif axis == len(subs) - 1:
+            elif part.kind == "col":
                 coords.append("0")
                 box.append("block_d" if operand is self.k.key else "block_dv")
             else:
-                value = replaced[sub] if replaced and sub in replaced else cx.triton_expr(sub, env)
+                value = part.var if part.kind == "replaced" else cx.triton_expr(part.sub, env)
                 coords.append(f"({value}).to(tl.int32)")
                 box.append("1")
         return {"tma": True, "coords": ", ".join(coords), "box": ", ".join(box)}
