@@ -30,7 +30,7 @@ from attncc.codegen import cuda as cuda_backend
 from attncc.codegen.cuda_exprs import CudaEnv, cuda_expr, float_literal
 from attncc.ir import nodes as ir
 from attncc.passes.schedule import split_kv_blocker
-from codegen.test_golden import HEADER, all_variables, own_variables
+from codegen.test_golden import all_variables
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -268,14 +268,3 @@ def test_rendering_without_any_variable_raises(template: str) -> None:
         partial = {k: v for k, v in values.items() if k != name}
         with pytest.raises(jinja2.UndefinedError):
             env_.get_template(template).render(**partial)
-
-
-@pytest.mark.parametrize("template", CUDA_TEMPLATES)
-def test_cuda_template_header_names_its_variables(template: str) -> None:
-    env_ = cuda_backend.environment()
-    source = env_.loader.get_source(env_, template)[0]  # type: ignore[union-attr]
-    header = HEADER.match(source)
-    assert header, f"{template} must open with a {{# ... #}} header comment"
-    named = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", header.group(1)))
-    missing = own_variables(env_, template) - named
-    assert not missing, f"{template}'s header does not name {sorted(missing)}"

@@ -19,6 +19,7 @@ from jinja2 import meta
 
 import attncc
 from attncc.api import build
+from attncc.codegen import templating
 from attncc.codegen import triton as triton_backend
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,12 +96,17 @@ def test_environment_follows_the_house_rules() -> None:
     assert {"base.py.jinja", "host.py.jinja", "fused.py.jinja", "naive.py.jinja"} <= set(TEMPLATES)
 
 
-@pytest.mark.parametrize(
-    "template",
-    list(TEMPLATES),
-)
-def test_template_header_names_its_variables(template: str) -> None:
-    env = triton_backend.environment()
+# every backend's templates: (backend, template)
+BACKEND_TEMPLATES = [
+    (backend, p.name)
+    for backend in ("triton", "cuda")
+    for p in sorted((templating.TEMPLATES / backend).glob("*.jinja"))
+]
+
+
+@pytest.mark.parametrize(("backend", "template"), BACKEND_TEMPLATES)
+def test_template_header_names_its_variables(backend: str, template: str) -> None:
+    env = templating.environment(backend)
     source = env.loader.get_source(env, template)[0]  # type: ignore[union-attr]
     header = HEADER.match(source)
     assert header, f"{template} must open with a {{# ... #}} header comment"
