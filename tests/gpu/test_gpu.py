@@ -43,8 +43,9 @@ def test_long_sequences_on_gpu(path: str) -> None:
     assert all(r.ok for r in results), table(results)
 
 
-def test_torch_compile_fullgraph_on_gpu() -> None:
-    kernel = attncc.compile(EXAMPLE_DIR / "causal.attn")
+@pytest.mark.parametrize("target", ["triton", "cuda"])
+def test_torch_compile_fullgraph_on_gpu(target: str) -> None:
+    kernel = attncc.compile(EXAMPLE_DIR / "causal.attn", target=target)
     q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 
     @torch.compile(fullgraph=True)
