@@ -3,13 +3,11 @@
 # example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
 # Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [matrix] [startup] [decode]
-#                                [sweep] [cuda] [full]
-#   (default: tests check bench startup; `quick` is one shape a variant, `matrix` a mid-size set,
-#   `decode` the split-KV specs only: their GPU tests, checks and benchmarks; `sweep` every
-#   launch configuration of a few shapes; `cuda`: the CUDA target alone, check of every
-#   example + prefill/decode bench, a few minutes; `full`: issue 4's whole matrix, resumable
-#   across calls)
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [startup] [decode] [sweep] [cuda]
+#   (default: tests check bench startup; `bench` is issue 4's whole matrix, resumable across
+#   calls; `quick` one shape a variant; `decode` the split-KV specs only: their GPU tests,
+#   checks and benchmarks; `sweep` every launch configuration of a few shapes; `cuda` the
+#   CUDA target alone, check of every example + prefill/decode bench, a few minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attncc_gpu_out}
@@ -40,8 +38,10 @@ if has startup; then
     python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup.log"
 fi
 
-bench() {  # bench SPEC SHAPES DTYPE
-    python3 -m attncc bench "$1" --shapes "$2" --dtype "$3" --json "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/bench.log"
+BENCH_JSON="$OUT/bench.jsonl"
+bench() {  # bench SPEC SHAPES DTYPE: rows go to $BENCH_JSON; shapes already there are skipped
+    python3 -m attncc bench "$1" --shapes "$2" --dtype "$3" --json "$BENCH_JSON" --resume 2>&1 \
+        | grep -vE "Warning|return sdpa" | tee -a "$OUT/bench.log"
 }
 if has quick; then
     for spec in fused causal sliding_window alibi softcap document_mask gqa_causal; do
@@ -51,29 +51,6 @@ if has quick; then
     done
     bench examples/decode.attn "1,32:8,8192,128;8,32:8,8192,128;8,32:8,32768,128" bf16
 fi
-if has matrix; then
-    # what one device call holds (each new shape autotunes, each flex shape compiles)
-    bench examples/document_mask.attn "4,16,4096,128" bf16
-    bench examples/decode.attn "1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128" bf16
-    bench examples/paged_decode.attn "1,32:8,8192,128;8,32:8,8192,128;8,32:8,32768,128" bf16
-    bench examples/causal.attn "16,16,1024,128;1,16,16384,128;4,16,4096,96" bf16
-    bench examples/fused.attn "1,16,16384,128;8,32,2048,64" bf16
-    bench examples/causal.attn "4,16,4096,128" fp16
-fi
-if has bench; then
-    long="16,16,1024,128;8,16,2048,128;4,16,4096,128;2,16,8192,128;1,16,16384,128"
-    for spec in fused causal sliding_window alibi softcap document_mask; do
-        bench "examples/$spec.attn" "$long" bf16
-    done
-    bench examples/gqa_causal.attn "8,32:8,2048,128;2,32:8,4096,128;1,32:8,8192,128" bf16
-    bench examples/causal.attn "8,32,2048,64;4,32,4096,64;4,16,4096,96;4,16,4096,256" bf16
-    bench examples/fused.attn "8,32,2048,64;4,32,4096,64" bf16
-    bench examples/causal.attn "4,16,4096,128;2,16,8192,128" fp16
-    bench examples/fused.attn "4,16,4096,128" fp16
-    bench examples/decode.attn "1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128" bf16
-    bench examples/paged_decode.attn "1,32:8,8192,128;8,32:8,8192,128;8,32:8,32768,128" bf16
-fi
-
 
 if has decode; then
     ATTNCC_AUTOTUNE=0 python3 -m pytest -q -m gpu tests/gpu -k "decode or split_kv" 2>&1 | tee "$OUT/gpu_tests_decode.log" | tail -3
@@ -85,26 +62,27 @@ if has decode; then
     bench examples/paged_decode.attn "$decode_shapes" bf16
 fi
 
-if has full; then
+if has bench; then
     # Issue 4's whole matrix: 7 variants x 1k..16k (16k tokens a batch) x D 64/128 (+96, 256 at
-    # 4k) x bf16/fp16. Resumable: shapes already in $MATRIX are skipped and none starts after
+    # 4k) x bf16/fp16. Resumable: shapes already in $BENCH_JSON are skipped and none starts after
     # the deadline, so repeated calls finish it when the file comes back between them
     # (copy $OUT/matrix.jsonl to benchmarks/results/matrix.jsonl before the next call).
-    MATRIX=benchmarks/results/matrix.jsonl
+    BENCH_JSON=benchmarks/results/matrix.jsonl
     export ATTNCC_BENCH_DEADLINE=$(( $(date +%s) + ${BUDGET_S:-500} ))
     d128="16,16,1024,128;8,16,2048,128;4,16,4096,128;2,16,8192,128;1,16,16384,128"
     d64="16,32,1024,64;8,32,2048,64;4,32,4096,64;2,32,8192,64;1,32,16384,64"
     gqa="16,32:8,1024,128;8,32:8,2048,128;4,32:8,4096,128;2,32:8,8192,128;1,32:8,16384,128"
+    decode="1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128"
     for dtype in bf16 fp16; do
         for spec in causal fused sliding_window alibi softcap document_mask; do
-            python3 -m attncc bench "examples/$spec.attn" --shapes "$d128;$d64;4,16,4096,96;4,16,4096,256" \
-                --dtype $dtype --json "$MATRIX" --resume 2>&1 | grep -vE "Warning|return sdpa" | tee -a "$OUT/matrix.log"
+            bench "examples/$spec.attn" "$d128;$d64;4,16,4096,96;4,16,4096,256" $dtype
         done
-        python3 -m attncc bench examples/gqa_causal.attn --shapes "$gqa" --dtype $dtype --json "$MATRIX" \
-            --resume 2>&1 | grep -vE "Warning|return sdpa" | tee -a "$OUT/matrix.log"
+        bench examples/gqa_causal.attn "$gqa" $dtype
     done
-    cp "$MATRIX" "$OUT/matrix.jsonl"
-    python3 benchmarks/matrix_table.py "$MATRIX" | tee "$OUT/matrix.md"
+    bench examples/decode.attn "$decode" bf16
+    bench examples/paged_decode.attn "$decode" bf16
+    cp "$BENCH_JSON" "$OUT/matrix.jsonl"
+    python3 benchmarks/matrix_table.py "$BENCH_JSON" | tee "$OUT/matrix.md"
 fi
 
 if has sweep; then
