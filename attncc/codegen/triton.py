@@ -90,6 +90,7 @@ class _Context:
         self.tensors = {t.name: t for t in kernel.tensors}
         self.query = kernel.query_axis.index if kernel.query_axis else None
         self.key = kernel.key_axis.index
+        self.gathered = self.gathered_reads()
 
     def env(self, query_var: str | None = None, vector: bool = True) -> cx.TritonEnv:
         indices = {a.index: cx.index_var(a.index) for a in self.k.batch_axes}
@@ -134,7 +135,7 @@ class _Context:
             {**env.indices, self.key: "offs_n"},
             self.tensors,
             frozenset({self.key}),
-            named=self.gathers(),
+            named=self.gather_names(),
         )
         parts = plan.operand_parts(operand, None, col, self.key, replaced)
         for part in parts:
@@ -194,31 +195,34 @@ class _Context:
                 box.append("1")
         return {"tma": True, "coords": ", ".join(coords), "box": ", ".join(box)}
 
-    def gathers(self) -> dict[ir.Expr, str]:
+    def gathered_reads(self) -> tuple[ir.Load, ...]:
         """Tensor reads in the key and value subscripts that depend on the key index (a paged
-        cache's page-table entries), each named once: K and V of a tile share one load."""
-        found: dict[ir.Expr, str] = {}
+        cache's page-table entries), each once, innermost first: K and V of a tile share
+        one load of each, named ``gather_<i>``."""
+        found: list[ir.Load] = []
         for operand in (self.k.key, self.k.value):
             for sub in operand.indices:
-                # innermost reads first, so each line only uses names defined before it
                 for e in reversed(list(subexprs(sub))):
                     if isinstance(e, ir.Load) and self.key in indices_of(e) and e not in found:
-                        found[e] = f"gather_{len(found)}"
-        return found
+                        found.append(e)
+        return tuple(found)
+
+    def gather_names(self, prefix: str = "gather_") -> dict[ir.Expr, str]:
+        return {e: f"{prefix}{i}" for i, e in enumerate(self.gathered)}
 
     def gather_lines(
         self, env: cx.TritonEnv, keys: str = "offs_n", prefix: str = "gather_"
     ) -> list[str]:
-        """``<prefix>i = <load>`` for every named read of the keys ``keys``, innermost first."""
+        """``<prefix>i = <load>`` for every gathered read of the keys ``keys``, innermost
+        first, so each line only uses names defined before it."""
         key_env = cx.TritonEnv({**env.indices, self.key: keys}, self.tensors, frozenset({self.key}))
-        lines: list[str] = []
-        named: dict[ir.Expr, str] = {}
-        for expr, var in self.gathers().items():
+        names = self.gather_names(prefix)
+        lines = []
+        for i, expr in enumerate(self.gathered):
+            earlier: dict[ir.Expr, str] = {e: names[e] for e in self.gathered[:i]}
+            load = cx.triton_expr(expr, replace(key_env, named=earlier))
             # int64: page index * page stride passes 2**31 elements in large page pools
-            load = cx.triton_expr(expr, replace(key_env, named=dict(named)))
-            renamed = var.replace("gather_", prefix, 1)
-            lines.append(f"{renamed} = ({load}).to(tl.int64)")
-            named[expr] = renamed
+            lines.append(f"{names[expr]} = ({load}).to(tl.int64)")
         return lines
 
     def output(self) -> tuple[dict[str, str], dict[str, str]]:
@@ -322,11 +326,8 @@ class _Context:
             "k_tile": k_parts["k_tile"],
             "v_tile": v_parts["v_tile"],
             "gather_lines": self.gather_lines(env),
-            "has_gathers": bool(self.gathers()),
-            "gather_take": [
-                f"{var} = {var.replace('gather_', 'gather_next_', 1)}"
-                for var in self.gathers().values()
-            ],
+            "has_gathers": bool(self.gathered),
+            "gather_take": [f"gather_{i} = gather_next_{i}" for i in range(len(self.gathered))],
             "gather_prefetch": self.gather_lines(env, "offs_next", "gather_next_"),
             "score_lines": self.score_lines(env)[1],
             "mask_all": _and(masks) or "True",
