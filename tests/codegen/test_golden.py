@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import golden_files
 import jinja2
@@ -89,6 +90,19 @@ def all_variables(env: jinja2.Environment, template: str) -> set[str]:
     return names
 
 
+def assert_every_variable_required(
+    env: jinja2.Environment, template: str, values: dict[str, Any]
+) -> None:
+    """The context gives every variable the template (and what it includes) reads, and
+    leaving out any one of them raises (StrictUndefined), never renders silently."""
+    names = all_variables(env, template)
+    assert names <= set(values), f"the context lacks {sorted(names - set(values))}"
+    for name in sorted(names):
+        partial = {k: v for k, v in values.items() if k != name}
+        with pytest.raises(jinja2.UndefinedError):
+            env.get_template(template).render(**partial)
+
+
 def test_environment_follows_the_house_rules() -> None:
     env = triton_backend.environment()
     assert env.undefined is jinja2.StrictUndefined
@@ -144,13 +158,7 @@ def test_rendering_the_full_context_matches_render(name: str, schedule: str) -> 
 @pytest.mark.parametrize(("name", "schedule"), CONTEXTS)
 def test_rendering_without_any_variable_raises(name: str, schedule: str) -> None:
     template, values = context(name, schedule)
-    env = triton_backend.environment()
-    names = all_variables(env, template)
-    assert names <= set(values), f"the context lacks {sorted(names - set(values))}"
-    for name in sorted(names):
-        partial = {k: v for k, v in values.items() if k != name}
-        with pytest.raises(jinja2.UndefinedError):
-            env.get_template(template).render(**partial)
+    assert_every_variable_required(triton_backend.environment(), template, values)
 
 
 @pytest.mark.parametrize(("name", "schedule"), CONTEXTS)
