@@ -16,7 +16,7 @@ if [ -d .whl ] && ! python3 -c "import lark" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:$PWD
 else
-    export PYTHONPATH=$PWD
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # keep a lark the caller put on the path
 fi
 export PYTHONUNBUFFERED=1
 export ATTNCC_CACHE_DIR=${ATTNCC_CACHE_DIR:-/tmp/attncc_cache}
