@@ -77,6 +77,9 @@ class Row:
     tflops: float
     tbps: float | None
     anchors: dict[str, float | None] = field(default_factory=dict)  # anchor -> TFLOP/s
+    # wall seconds of each step (first call: compile and tuning; anchors: their compiles
+    # included): where a matrix run's device time goes
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def sizes_for(kernel: ir.AttentionKernel, shape: Shape) -> dict[str, int]:
@@ -259,11 +262,33 @@ def _flex_runner(
             k.shape[2],
             device="cuda",
         )
-    compiled = torch.compile(flex_attention)
+    # static shapes, as users of a fixed-shape model get; bench_spec resets Dynamo before
+    # each shape, so a long matrix never hits the recompile limit and falls back to eager
+    compiled = torch.compile(flex_attention, dynamic=False)
     mod = score_mod if kernel.score_mods else None
     return lambda: compiled(
         q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, enable_gqa=gqa
     )
+
+
+def _reset_dynamo() -> None:
+    """Forget earlier shapes' Dynamo compiles (the disk caches of Inductor and Triton stay):
+    one process benching many shapes would otherwise hit the recompile limit."""
+    torch._dynamo.reset()
+
+
+def warm_anchors(runners: dict[str, Callable[[], Any] | None]) -> None:
+    """Call each anchor once (its compiles land in the disk caches); one that cannot run is
+    reported by the timed run later."""
+    _reset_dynamo()
+    for run in runners.values():
+        if run is None:
+            continue
+        try:
+            run()
+        except Exception as err:  # the timed run reports it
+            print(f"  warm-up of an anchor failed: {type(err).__name__}: {str(err)[:120]}")
+    torch.cuda.synchronize()
 
 
 @dataclass
@@ -291,9 +316,12 @@ def bench_spec(
     startup: Startup | None = None,
     target: str = "triton",
     plan: RunPlan | None = None,
+    warm_only: bool = False,
 ) -> list[Row]:
     """Time ``spec`` on each shape; ``plan`` skips shapes already measured, stops starting
-    new ones past a deadline and appends each row to a JSON-lines file as it is measured."""
+    new ones past a deadline and appends each row to a JSON-lines file as it is measured.
+    ``warm_only`` times nothing: it compiles every launch configuration the tuner would try
+    and every anchor, filling the disk caches (run in parallel processes before a matrix)."""
     plan = plan or RunPlan()
     began = time.perf_counter()
     # the naive schedule has no CUDA kernels: its spec runs fused there
@@ -319,6 +347,10 @@ def bench_spec(
         heads = math.prod(sizes[a.dim] for a in kernel.ir.batch_axes)
         flops = 4 * heads * rows_m * sizes[kernel.ir.key_axis.dim] * shape.head_dim * fraction
 
+        if warm_only:
+            kernel.warm(*(inputs[name] for name in kernel.input_names))
+            warm_anchors(anchor_runners(kernel.ir, inputs, sizes, params, against, fraction))
+            continue
         graphed = rows_m <= 16
         copies = cold_copies(inputs) if graphed else [inputs]
 
@@ -330,16 +362,19 @@ def bench_spec(
         tuned, began = kernel.tuner.tuned, time.perf_counter()
         runs[0]()  # the first call may compile and autotune: keep it out of the timing
         torch.cuda.synchronize()
+        first = time.perf_counter() - began
         if startup is not None:
-            first = time.perf_counter() - began
             startup.first_calls.append((str(shape), first, kernel.tuner.tuned - tuned))
         ms = median_ms(runs, graphed)
+        measured = time.perf_counter()
         kv_bytes = sum(
             inputs[t].numel() * inputs[t].element_size()
             for t in (kernel.ir.key.tensor, kernel.ir.value.tensor)
         )
         tbps = kv_bytes * fraction / (ms * 1e-3) / 1e12 if kernel.ir.query_axis is None else None
         row = Row(label, str(shape), dtype, ms, flops / (ms * 1e-3) / 1e12, tbps)
+        row.seconds = {"first_call": first, "measure": measured - began - first}
+        _reset_dynamo()
         per_copy = [anchor_runners(kernel.ir, c, sizes, params, against, fraction) for c in copies]
         for name, first_copy in per_copy[0].items():
             if first_copy is None:
@@ -352,6 +387,7 @@ def bench_spec(
             except Exception as err:  # an anchor that cannot run this shape is reported, not fatal
                 print(f"  {name} failed on {shape}: {type(err).__name__}: {str(err)[:200]}")
                 row.anchors[name] = None
+        row.seconds["anchors"] = time.perf_counter() - measured
         rows.append(row)
         plan.record(row)
     return rows
@@ -418,9 +454,20 @@ def main(args: argparse.Namespace) -> int:
         resume=getattr(args, "resume", False),
         deadline=float(deadline) if deadline else None,
     )
+    warm_only = getattr(args, "warm", False)
     rows = bench_spec(
-        args.spec, shapes, args.dtype, against, startup=startup, target=target, plan=plan
+        args.spec,
+        shapes,
+        args.dtype,
+        against,
+        startup=startup,
+        target=target,
+        plan=plan,
+        warm_only=warm_only,
     )
+    if warm_only:
+        print(f"warmed {args.spec} ({args.dtype}): {args.shapes}")
+        return 0
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  target {target}")
     print(startup)
     print(format_rows(rows, against))

@@ -173,6 +173,11 @@ def parser() -> argparse.ArgumentParser:
         help="start no shape after this time (seconds since the epoch; "
         "default $ATTNCC_BENCH_DEADLINE)",
     )
+    bench_p.add_argument(
+        "--warm",
+        action="store_true",
+        help="time nothing: compile every tuning candidate and anchor into the disk caches",
+    )
     bench_p.set_defaults(func=_bench_cmd)
     return top
 

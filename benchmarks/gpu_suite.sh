@@ -64,25 +64,14 @@ fi
 
 if has bench; then
     # Issue 4's whole matrix: 7 variants x 1k..16k (16k tokens a batch) x D 64/128 (+96, 256 at
-    # 4k) x bf16/fp16. Resumable: shapes already in $BENCH_JSON are skipped and none starts after
-    # the deadline, so repeated calls finish it when the file comes back between them
-    # (copy $OUT/matrix.jsonl to benchmarks/results/matrix.jsonl before the next call).
-    BENCH_JSON=benchmarks/results/matrix.jsonl
-    export ATTNCC_BENCH_DEADLINE=$(( $(date +%s) + ${BUDGET_S:-500} ))
-    d128="16,16,1024,128;8,16,2048,128;4,16,4096,128;2,16,8192,128;1,16,16384,128"
-    d64="16,32,1024,64;8,32,2048,64;4,32,4096,64;2,32,8192,64;1,32,16384,64"
-    gqa="16,32:8,1024,128;8,32:8,2048,128;4,32:8,4096,128;2,32:8,8192,128;1,32:8,16384,128"
-    decode="1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128"
-    for dtype in bf16 fp16; do
-        for spec in causal fused sliding_window alibi softcap document_mask; do
-            bench "examples/$spec.attn" "$d128;$d64;4,16,4096,96;4,16,4096,256" $dtype
-        done
-        bench examples/gqa_causal.attn "$gqa" $dtype
-    done
-    bench examples/decode.attn "$decode" bf16
-    bench examples/paged_decode.attn "$decode" bf16
-    cp "$BENCH_JSON" "$OUT/matrix.jsonl"
-    python3 benchmarks/matrix_table.py "$BENCH_JSON" | tee "$OUT/matrix.md"
+    # 4k) x bf16/fp16, and decode. benchmarks/matrix.py compiles in parallel first, then times
+    # on every visible GPU. Resumable: rows already in the file are skipped, so repeated calls
+    # finish it when the file comes back between them (copy $OUT/matrix.jsonl to
+    # benchmarks/results/matrix.jsonl before the next call).
+    python3 benchmarks/matrix.py --json benchmarks/results/matrix.jsonl --budget "${BUDGET_S:-540}" \
+        --log "$OUT/matrix.log" | tee -a "$OUT/bench.log"
+    cp benchmarks/results/matrix.jsonl "$OUT/matrix.jsonl"
+    python3 benchmarks/matrix_table.py benchmarks/results/matrix.jsonl | tee "$OUT/matrix.md"
 fi
 
 if has sweep; then

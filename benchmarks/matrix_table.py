@@ -12,9 +12,17 @@ import sys
 ANCHORS = ("sdpa-flash", "sdpa-cudnn", "flex")
 
 
+def _dims(shape: str) -> tuple[int, int]:
+    """(head dim, sequence length) of "B=4 H=16 S=4096 D=128"."""
+    fields = dict(part.split("=") for part in shape.split())
+    return int(fields["D"]), int(fields["S"])
+
+
 def main(path: str) -> None:
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
+    # rows arrive interleaved from several GPUs: group them by spec, dtype, head dim, length
+    rows.sort(key=lambda r: (r["spec"], r["dtype"], _dims(r["shape"])))
     print("| spec | shape | dtype | TFLOP/s | TB/s | x FA2 | x cuDNN | x Flex |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:

@@ -5,7 +5,8 @@ from, and whether the candidate list or the defaults should change.
 
 Decode-sized calls (<= 16 queries) sweep tile x `waves` (split count) and are timed as
 CUDA-graph replays over rotating input copies (cold L2), as `attncc bench` times them;
-prefill calls sweep tiles, with and without TMA descriptors, with `do_bench`.
+prefill calls sweep tiles, with and without TMA descriptors and warp specialization, with
+`do_bench`.
 """
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ if graphed:
 else:
     tiles = ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 128, 8, 3))
     tiles += ((64, 64, 4, 3), (128, 32, 4, 4), (128, 64, 8, 4), (64, 128, 4, 3))
+    # ws: Triton's automatic warp specialization of the key loops (tl.range(...,
+    # warp_specialize=True); Triton 3.6 has a Hopper pass for it)
     configs = [
-        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s, "tma": tma}
-        for (m, n, w, s), tma in itertools.product(tiles, (True, False))
+        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s, "tma": tma, "ws": ws}
+        for (m, n, w, s), tma, ws in itertools.product(tiles, (True, False), (0, 1))
     ]
 
 results = []
+first_out = None
 for config in configs:
     runs = []
     for c in copies:
@@ -55,11 +59,17 @@ for config in configs:
         full = {**params, **bound}
         runs.append(lambda t=tensors, p=full, cfg=config: module._forward(t, p, False, cfg))
     try:
-        runs[0]()
+        out = runs[0]()[0].float()
         torch.cuda.synchronize()
         ms = median_ms(runs, graphed)
     except Exception as err:  # shared memory or register limits: report and go on
         print(f"{config}: {type(err).__name__}: {str(err)[:120]}")
+        continue
+    # every configuration must give the first one's output (a fast wrong one is no candidate)
+    first_out = out if first_out is None else first_out
+    diff = (out - first_out).abs().max().item()
+    if not diff <= 2e-2:
+        print(f"{config}: MISMATCH, max |out - first config's out| = {diff:.3g}")
         continue
     results.append((ms, config))
 

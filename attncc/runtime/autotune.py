@@ -132,19 +132,35 @@ class Tuner:
         key = self.key(sizes, dtype, device)
         stored = self._load().get(key)
         if stored is None:
-            rows = sizes[self.kernel.query_axis.dim] if self.kernel.query_axis else 1
-            split = self.kernel.schedule == "split_kv" or rows <= self.kernel.split_max_queries
-            candidates = (
-                [_as_launch(tile, waves=waves) for tile, waves in SPLIT_CANDIDATES]
-                if split
-                else [_as_launch(tile, tma=int(tma)) for tile, tma in PREFILL_CANDIDATES]
-            )
+            candidates = self.candidates(sizes)
             stored = self._tune(module, tensors, params, return_lse, candidates)
             merged = self._load()
             merged[key] = stored
             atomic_write(self.path, json.dumps(merged, indent=1, sort_keys=True))
         self._by_shapes[shapes] = stored
         return stored
+
+    def candidates(self, sizes: dict[str, int]) -> list[dict[str, int]]:
+        """The launch configurations tuning tries for calls of these sizes."""
+        rows = sizes[self.kernel.query_axis.dim] if self.kernel.query_axis else 1
+        if self.kernel.schedule == "split_kv" or rows <= self.kernel.split_max_queries:
+            return [_as_launch(tile, waves=waves) for tile, waves in SPLIT_CANDIDATES]
+        return [_as_launch(tile, tma=int(tma)) for tile, tma in PREFILL_CANDIDATES]
+
+    def warm(
+        self, module: ModuleType, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
+    ) -> int:
+        """Launch every candidate once, untimed: their compiles land in Triton's disk cache,
+        so a later tuning (another process) only times them. Returns how many ran."""
+        sizes = module._check(tensors, params)[0]
+        ran = 0
+        for launch in self.candidates(sizes):
+            try:
+                module._forward(tensors, params, return_lse, launch)
+                ran += 1
+            except Exception:  # tuning skips a configuration this GPU cannot run, too
+                continue
+        return ran
 
     def _tune(
         self,

@@ -81,6 +81,17 @@ class Kernel:
         out, lse = self._op(*inputs, *values, return_lse=return_lse)
         return (out, lse) if return_lse else out
 
+    def warm(self, *args: Any, **kwargs: Any) -> int:
+        """Compile, without timing, every launch configuration autotuning would try for
+        inputs like these (Triton target, GPU tensors), so that tuning in a later process
+        only times them; returns how many compiled and ran."""
+        tensors, params = self._host._bind(args, kwargs)
+        self._host._check(tensors, params)
+        if self.target != "triton":
+            self(*args, **kwargs)
+            return 1
+        return self.tuner.warm(self.module(False), tensors, params, False)
+
     def _split(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any], bool]:

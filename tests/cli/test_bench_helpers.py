@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from typing import Any
 
 import attncc
 from attncc.bench import Row, RunPlan, Shape, Startup, default_shapes, format_rows, sizes_for
@@ -58,3 +61,35 @@ def test_run_plan_resumes_from_its_json_lines(tmp_path: Path) -> None:
     }
     assert RunPlan(str(path)).done == set()  # without --resume every shape runs
     assert RunPlan(str(tmp_path / "absent.jsonl"), resume=True).done == set()
+
+
+def _matrix_module() -> Any:
+    path = EXAMPLES.parent / "benchmarks" / "matrix.py"
+    spec = importlib.util.spec_from_file_location("matrix_script", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_matrix_is_the_issues_and_warms_each_group_first() -> None:
+    matrix = _matrix_module()
+    jobs = matrix.matrix(["bf16", "fp16"])
+    specs = {(j.spec, j.dtype) for j in jobs}
+    assert len(specs) == 2 * 7 + 2  # 7 prefill variants in two dtypes, two decode specs
+    for job in jobs:
+        assert (EXAMPLES / f"{job.spec}.attn").exists()
+        for shape in map(Shape.parse, job.shapes):
+            if job.spec not in ("decode", "paged_decode") and shape.head_dim in (64, 128):
+                assert shape.batch * shape.seq == 16384  # 16k tokens a batch
+    prefill = [Shape.parse(s) for j in jobs if j.spec == "causal" for s in j.shapes]
+    assert {s.head_dim for s in prefill} == {64, 96, 128, 256}
+    assert {s.seq for s in prefill} == {1024, 2048, 4096, 8192, 16384}
+    warm = matrix.warm_jobs(jobs)
+    assert sorted(s for j in warm for s in j.shapes) == sorted(s for j in jobs for s in j.shapes)
+    groups = [(j.spec, j.dtype, j.shapes[0].rsplit(",", 1)[1]) for j in warm]
+    first_repeat = next(i for i, g in enumerate(groups) if g in groups[:i])
+    assert len(set(groups)) == first_repeat  # every group's first shape comes before repeats
+    assert "--warm" in warm[0].command("m.jsonl", True)
+    assert "--warm" not in jobs[0].command("m.jsonl", False)

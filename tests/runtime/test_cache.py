@@ -157,3 +157,34 @@ def test_autotune_off_uses_the_default_and_writes_nothing(monkeypatch: pytest.Mo
     tuner = Tuner(kernel.ir, kernel.path.stem, timer)
     assert tuner.config(kernel.module(True), _inputs(40), {}, False) is None
     assert timer.calls == 0 and not tuner.path.exists()
+
+
+class RecordingModule:
+    """A generated module whose launches are recorded, not run; 128-row tiles fail."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.launches: list[dict[str, int]] = []
+
+    def _check(self, tensors: Any, params: Any) -> Any:
+        return self.module._check(tensors, params)
+
+    def _forward(self, tensors: Any, params: Any, return_lse: bool, launch: Any) -> None:
+        if launch["BLOCK_M"] == 128:
+            raise RuntimeError("out of resource: shared memory")
+        self.launches.append(launch)
+
+
+def test_warming_launches_every_candidate_once_and_times_nothing() -> None:
+    # `attncc bench --warm` (benchmarks/matrix.py) fills Triton's disk cache this way in
+    # parallel processes; the tuning that follows only times
+    kernel = attncc.compile(EXAMPLES / "causal.attn")
+    timer = FakeTimer()
+    tuner = Tuner(kernel.ir, kernel.path.stem, timer)
+    module = RecordingModule(kernel.module(interpreted=True))
+    ran = tuner.warm(module, _inputs(40), {}, False)  # type: ignore[arg-type]
+    expected = [c for c in tuner.candidates({"M": 40, "N": 40, "B": 1, "H": 2, "D": 32})]
+    assert len(expected) == len(PREFILL_CANDIDATES)
+    assert module.launches == [c for c in expected if c["BLOCK_M"] != 128]
+    assert ran == len(module.launches) > 0
+    assert timer.calls == 0 and tuner.tuned == 0 and not tuner.path.exists()

@@ -1,0 +1,160 @@
+"""Issue 4's whole benchmark matrix in one device call, over every visible GPU.
+
+Two phases, both bounded by a wall-clock budget:
+1. warm: many processes (spread over the GPUs, several per GPU) compile, without timing,
+   every launch configuration the tuner will try and every anchor (FlexAttention compiles per
+   shape), filling the Triton and Inductor disk caches. Compiling is CPU work, and most of a
+   matrix's time when done serially.
+2. measure: one process at a time per GPU runs `attncc bench` (tuning, then timing beside the
+   anchors, each in the same process and on the same GPU), appending rows to one JSON-lines
+   file. Rows already there are skipped, so a call cut short is finished by the next one.
+
+    python3 benchmarks/matrix.py [--json benchmarks/results/matrix.jsonl] [--budget 560]
+                                 [--warm-share 0.35] [--workers N] [--only bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+D128 = ["16,16,1024,128", "8,16,2048,128", "4,16,4096,128", "2,16,8192,128", "1,16,16384,128"]
+D64 = ["16,32,1024,64", "8,32,2048,64", "4,32,4096,64", "2,32,8192,64", "1,32,16384,64"]
+ODD = ["4,16,4096,96", "4,16,4096,256"]  # non-power-of-two and large head dims work
+GQA = ["16,32:8,1024,128", "8,32:8,2048,128", "4,32:8,4096,128", "2,32:8,8192,128"]
+GQA += ["1,32:8,16384,128"]
+DECODE = ["1,32:8,8192,128", "8,32:8,8192,128", "1,32:8,32768,128", "8,32:8,32768,128"]
+GRACE = 30.0  # seconds a measuring process may run past the deadline to finish its shape
+VARIANTS = ("causal", "fused", "sliding_window", "alibi", "softcap", "document_mask")
+
+
+@dataclass(frozen=True)
+class Job:
+    spec: str
+    dtype: str
+    shapes: tuple[str, ...]
+
+    def command(self, json_path: str, warm: bool) -> list[str]:
+        cmd = [sys.executable, "-m", "attncc", "bench", f"examples/{self.spec}.attn"]
+        cmd += ["--shapes", ";".join(self.shapes), "--dtype", self.dtype]
+        cmd += ["--json", json_path, "--resume"]
+        return cmd + (["--warm"] if warm else [])
+
+
+def matrix(dtypes: list[str]) -> list[Job]:
+    """Measure jobs: one process per (spec, dtype), the bf16 half first (the targets)."""
+    jobs = []
+    for dtype in dtypes:
+        jobs += [Job(spec, dtype, tuple(D128 + D64 + ODD)) for spec in VARIANTS]
+        jobs.append(Job("gqa_causal", dtype, tuple(GQA)))
+    jobs += [Job(spec, "bf16", tuple(DECODE)) for spec in ("decode", "paged_decode")]
+    return jobs
+
+
+def warm_jobs(jobs: list[Job]) -> list[Job]:
+    """One shape each, the first shape of every (spec, dtype, head dim) ahead of the rest:
+    it compiles the tuning candidates the others then find on disk."""
+    singles = [Job(j.spec, j.dtype, (s,)) for j in jobs for s in j.shapes]
+
+    def group(job: Job) -> tuple[str, str, str]:
+        return job.spec, job.dtype, job.shapes[0].rsplit(",", 1)[1]
+
+    firsts, rest, seen = [], [], set()
+    for job in singles:
+        (rest if group(job) in seen else firsts).append(job)
+        seen.add(group(job))
+    return firsts + rest
+
+
+def gpu_count() -> int:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+    return max(1, sum(line.startswith("GPU ") for line in out.stdout.splitlines()))
+
+
+def run_pool(
+    jobs: list[Job], slots: list[str], json_path: str, warm: bool, deadline: float, log
+) -> int:
+    """Run ``jobs`` on ``slots`` (a CUDA_VISIBLE_DEVICES value per concurrent process); no
+    job or shape starts after ``deadline``. A warm-up still running then is stopped; a
+    measurement gets ``GRACE`` seconds to finish its shape (finished rows are in the file).
+    Returns how many jobs never started."""
+    grace = 0.0 if warm else GRACE
+    todo: queue.Queue[Job] = queue.Queue()
+    for job in jobs:
+        todo.put(job)
+    lock = threading.Lock()
+
+    def worker(device: str) -> None:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
+        env["ATTNCC_BENCH_DEADLINE"] = str(deadline)
+        if warm:  # many processes already: no pool of Inductor compile workers under each
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+        while time.time() < deadline:
+            try:
+                job = todo.get_nowait()
+            except queue.Empty:
+                return
+            began = time.time()
+            cmd = job.command(json_path, warm)
+            try:
+                done = subprocess.run(
+                    cmd,
+                    cwd=ROOT,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=max(1.0, deadline + grace - time.time()),
+                )
+                output, status = done.stdout + done.stderr, str(done.returncode)
+            except subprocess.TimeoutExpired as err:
+                output, status = str(err.stdout or "") + str(err.stderr or ""), "deadline"
+            with lock:
+                log.write(
+                    f"== gpu {device} {'warm' if warm else 'bench'} {job.spec} "
+                    f"{job.dtype} {';'.join(job.shapes)}: {status}, "
+                    f"{time.time() - began:.1f} s\n{output}\n"
+                )
+                log.flush()
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in slots]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return todo.qsize()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default="benchmarks/results/matrix.jsonl")
+    parser.add_argument("--budget", type=float, default=560.0, help="seconds for both phases")
+    parser.add_argument("--warm-share", type=float, default=0.35)
+    parser.add_argument("--workers", type=int, default=0, help="warm processes (0: by cores)")
+    parser.add_argument("--only", default="bf16,fp16", help="dtypes, comma separated")
+    parser.add_argument("--log", default=os.environ.get("OUT", "/tmp") + "/matrix.log")
+    args = parser.parse_args()
+    began = time.time()
+    gpus = [str(i) for i in range(gpu_count())]
+    jobs = matrix(args.only.split(","))
+    workers = args.workers or max(1, min(24, (os.cpu_count() or 4) - 2))
+    with open(args.log, "a") as log:
+        warm_deadline = began + args.budget * args.warm_share
+        slots = [g for _, g in zip(range(workers), itertools.cycle(gpus))]
+        left = run_pool(warm_jobs(jobs), slots, args.json, True, warm_deadline, log)
+        print(f"warm: {time.time() - began:.0f} s, {workers} processes, {left} jobs not started")
+        left = run_pool(jobs, gpus, args.json, False, began + args.budget, log)
+        print(f"measure: {time.time() - began:.0f} s over {len(gpus)} GPU(s), {left} jobs left")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
