@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import queue
 import subprocess
@@ -61,18 +62,36 @@ def matrix(dtypes: list[str]) -> list[Job]:
 
 
 def warm_jobs(jobs: list[Job]) -> list[Job]:
-    """One shape each, the first shape of every (spec, dtype, head dim) ahead of the rest:
-    it compiles the tuning candidates the others then find on disk."""
-    singles = [Job(j.spec, j.dtype, (s,)) for j in jobs for s in j.shapes]
+    """One process per (spec, dtype, head dim): it compiles the tuning candidates once and
+    then each shape's anchors; the groups with the most shapes start first."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for job in jobs:
+        for shape in job.shapes:
+            groups.setdefault((job.spec, job.dtype, shape.rsplit(",", 1)[1]), []).append(shape)
+    ordered = sorted(groups.items(), key=lambda item: -len(item[1]))
+    return [Job(spec, dtype, tuple(shapes)) for (spec, dtype, _), shapes in ordered]
 
-    def group(job: Job) -> tuple[str, str, str]:
-        return job.spec, job.dtype, job.shapes[0].rsplit(",", 1)[1]
 
-    firsts, rest, seen = [], [], set()
-    for job in singles:
-        (rest if group(job) in seen else firsts).append(job)
-        seen.add(group(job))
-    return firsts + rest
+def pending(jobs: list[Job], json_path: str) -> list[Job]:
+    """The jobs with their shapes not yet in the JSON-lines file (a process per job costs
+    seconds of start-up even when `--resume` then skips every shape)."""
+    done = set()
+    if os.path.exists(json_path):
+        with open(json_path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        done = {(r["spec"], r["shape"], r["dtype"]) for r in rows}
+    left = []
+    for job in jobs:
+        shapes = tuple(s for s in job.shapes if (job.spec, shape_label(s), job.dtype) not in done)
+        if shapes:
+            left.append(Job(job.spec, job.dtype, shapes))
+    return left
+
+
+def shape_label(shape: str) -> str:
+    """ "4,32:8,4096,128" as `attncc bench` writes it: "B=4 H=32:8 S=4096 D=128"."""
+    b, h, s, d = shape.split(",")
+    return f"B={b} H={h} S={s} D={d}"
 
 
 def gpu_count() -> int:
@@ -144,7 +163,7 @@ def main() -> int:
     args = parser.parse_args()
     began = time.time()
     gpus = [str(i) for i in range(gpu_count())]
-    jobs = matrix(args.only.split(","))
+    jobs = pending(matrix(args.only.split(",")), args.json)
     workers = args.workers or max(1, min(24, (os.cpu_count() or 4) - 2))
     with open(args.log, "a") as log:
         warm_deadline = began + args.budget * args.warm_share

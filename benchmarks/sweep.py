@@ -1,7 +1,9 @@
 """Time every launch configuration of a spec on one shape (GPU): what the autotuner chooses
 from, and whether the candidate list or the defaults should change.
 
-    python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16]
+    python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16] [quick]
+
+(`quick`: prefill sweeps only the four tiles that have won before.)
 
 Decode-sized calls (<= 16 queries) sweep tile x `waves` (split count) and are timed as
 CUDA-graph replays over rotating input copies (cold L2), as `attncc bench` times them;
@@ -41,8 +43,9 @@ if graphed:
         if not (n == 32 and w == 8)
     ]
 else:
-    tiles = ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 128, 8, 3))
-    tiles += ((64, 64, 4, 3), (128, 32, 4, 4), (128, 64, 8, 4), (64, 128, 4, 3))
+    tiles = ((64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 8, 3))
+    if "quick" not in sys.argv[4:]:
+        tiles += ((128, 128, 8, 2), (128, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 3))
     # ws: Triton's automatic warp specialization of the key loops (tl.range(...,
     # warp_specialize=True); Triton 3.6 has a Hopper pass for it)
     configs = [

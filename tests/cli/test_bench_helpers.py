@@ -88,8 +88,24 @@ def test_the_matrix_is_the_issues_and_warms_each_group_first() -> None:
     assert {s.seq for s in prefill} == {1024, 2048, 4096, 8192, 16384}
     warm = matrix.warm_jobs(jobs)
     assert sorted(s for j in warm for s in j.shapes) == sorted(s for j in jobs for s in j.shapes)
-    groups = [(j.spec, j.dtype, j.shapes[0].rsplit(",", 1)[1]) for j in warm]
-    first_repeat = next(i for i, g in enumerate(groups) if g in groups[:i])
-    assert len(set(groups)) == first_repeat  # every group's first shape comes before repeats
+    for job in warm:  # one (spec, dtype, head dim) a process: candidates compile once
+        assert len({s.rsplit(",", 1)[1] for s in job.shapes}) == 1
     assert "--warm" in warm[0].command("m.jsonl", True)
     assert "--warm" not in jobs[0].command("m.jsonl", False)
+
+
+def test_the_matrix_skips_jobs_whose_rows_are_in_the_file(tmp_path: Path) -> None:
+    matrix = _matrix_module()
+    jobs = matrix.matrix(["bf16"])
+    path = tmp_path / "m.jsonl"
+    assert matrix.pending(jobs, str(path)) == jobs
+    causal = next(j for j in jobs if j.spec == "causal")
+    plan = RunPlan(str(path))
+    for shape in causal.shapes[1:]:
+        plan.record(Row("causal", str(Shape.parse(shape)), "bf16", 1.0, 1.0, None))
+    left = matrix.pending(jobs, str(path))
+    assert len(left) == len(jobs)
+    assert next(j for j in left if j.spec == "causal").shapes == causal.shapes[:1]
+    for shape in causal.shapes[:1]:
+        plan.record(Row("causal", str(Shape.parse(shape)), "bf16", 1.0, 1.0, None))
+    assert [j.spec for j in matrix.pending(jobs, str(path))] == [j.spec for j in jobs[1:]]
