@@ -7,8 +7,7 @@ from, and whether the candidate list or the defaults should change.
 
 Decode-sized calls (<= 16 queries) sweep tile x `waves` (split count) and are timed as
 CUDA-graph replays over rotating input copies (cold L2), as `attncc bench` times them;
-prefill calls sweep tiles, with and without TMA descriptors and warp specialization, with
-`do_bench`.
+prefill calls sweep tiles, with and without TMA descriptors, with `do_bench`.
 """
 
 from __future__ import annotations
@@ -46,11 +45,9 @@ else:
     tiles = ((64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 8, 3))
     if "quick" not in sys.argv[4:]:
         tiles += ((128, 128, 8, 2), (128, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 3))
-    # ws: Triton's automatic warp specialization of the key loops (tl.range(...,
-    # warp_specialize=True); Triton 3.6 has a Hopper pass for it)
     configs = [
-        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s, "tma": tma, "ws": ws}
-        for (m, n, w, s), tma, ws in itertools.product(tiles, (True, False), (0, 1))
+        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s, "tma": tma}
+        for (m, n, w, s), tma in itertools.product(tiles, (True, False))
     ]
 
 results = []
