@@ -1,0 +1,89 @@
+"""Is a call GPU-bound or host-bound? Per shape: the GPU time of one call (a CUDA-graph replay),
+the wall time per call of back-to-back eager calls through the generated module
+(``_forward``) and through ``attncc.compile(...)(...)`` (the registered torch op), and the
+host functions that cost most (cProfile). A call whose eager time exceeds its GPU time is
+limited by Python, not by the kernel.
+
+    python3 benchmarks/host_overhead.py SPEC "B,H:KVH,S,D" [...more SPEC SHAPE pairs]
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import attncc
+from attncc.bench import Shape, bench_inputs, sizes_for
+
+
+def wall_us(fn: Callable[[], Any], calls: int = 300) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - began) / calls * 1e6
+
+
+def graph_us(fn: Callable[[], Any], calls: int = 50) -> float:
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(calls):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - began) / calls * 1e6
+
+
+def report(spec: str, shape_text: str) -> None:
+    kernel = attncc.compile(spec)
+    sizes = sizes_for(kernel.ir, Shape.parse(shape_text))
+    inputs = bench_inputs(kernel.ir, sizes, torch.bfloat16, documents=4)
+    args = [inputs[name] for name in kernel.input_names]
+    kernel(*args)  # compile and tune
+    module = kernel.module(interpreted=False)
+    tensors, params = module._bind(args, {})
+    config = kernel.tuner.config(module, tensors, params, False)
+
+    def forward() -> Any:
+        return module._forward(tensors, params, False, config)
+
+    gpu = graph_us(forward)
+    eager_forward = wall_us(forward)
+    eager_op = wall_us(lambda: kernel(*args))
+    print(
+        f"{kernel.name} {shape_text}: GPU {gpu:.1f} us a call; eager back-to-back "
+        f"_forward {eager_forward:.1f} us, compiled op {eager_op:.1f} us; config {config}"
+    )
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(200):
+        kernel(*args)
+    torch.cuda.synchronize()
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(12)
+    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:3000])
+
+
+if __name__ == "__main__":
+    pairs = sys.argv[1:]
+    for spec, shape in zip(pairs[::2], pairs[1::2], strict=True):
+        report(spec, shape)
