@@ -45,7 +45,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "bf16-256": {
         "ATTNCC_DP": 256,
         "ATTNCC_DVP": 256,
-        "ATTNCC_WARPS": 2,
+        "ATTNCC_WARPS": 4,
+        "ATTNCC_M_TILES": 1,
         "ATTNCC_BLOCK_N": 32,
         "ATTNCC_SPLIT_WARPS": 1,
         "ATTNCC_SPLIT_BLOCK_N": 32,
