@@ -1,13 +1,15 @@
 """Time every launch configuration of a spec on one shape (GPU): what the autotuner chooses
 from, and whether the candidate list or the defaults should change.
 
-    python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16] [quick]
+    python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16] [cuda] [quick]
 
-(`quick`: prefill sweeps only the four tiles that have won before.)
+(`cuda`: the CUDA target; `quick`: Triton prefill sweeps only the four tiles that have won
+before.)
 
 Decode-sized calls (<= 16 queries) sweep tile x `waves` (split count) and are timed as
 CUDA-graph replays over rotating input copies (cold L2), as `attncc bench` times them;
-prefill calls sweep tiles, with and without TMA descriptors, with `do_bench`.
+prefill calls sweep tiles, with and without TMA descriptors, with `do_bench`. The CUDA
+target sweeps its fused kernel's tiles (BLOCK_M: 16 or 32 rows a warp) only.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from attncc.runtime.timing import cold_copies, median_ms
 
 spec, shape_text = sys.argv[1], sys.argv[2]
 dtype = DTYPES[sys.argv[3] if len(sys.argv) > 3 else "bf16"]
-kernel = attncc.compile(spec)
+target = "cuda" if "cuda" in sys.argv[4:] else "triton"
+kernel = attncc.compile(spec, target=target)
 shape = Shape.parse(shape_text)
 sizes = sizes_for(kernel.ir, shape)
 inputs = bench_inputs(kernel.ir, sizes, dtype, documents=4)
@@ -35,7 +38,12 @@ params = kernel.param_defaults(sizes)
 kv_names = (kernel.ir.key.tensor, kernel.ir.value.tensor)
 kv_bytes = sum(inputs[t].numel() * inputs[t].element_size() for t in kv_names)
 
-if graphed:
+if target == "cuda":
+    # (BLOCK_M, BLOCK_N, num_warps); the split-KV kernels of decode calls take no config
+    cuda_tiles = ((128, 64, 4), (128, 32, 4), (64, 64, 4), (64, 32, 4), (128, 64, 8))
+    cuda_tiles += ((128, 128, 8), (256, 64, 8), (256, 32, 8))
+    configs = [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": w} for m, n, w in cuda_tiles]
+elif graphed:
     configs = [
         {"BLOCK_M": 16, "BLOCK_N": n, "num_warps": w, "num_stages": s, "waves": waves}
         for n, w, s, waves in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (1, 2, 4, 8))

@@ -24,6 +24,10 @@ _LOCK = threading.Lock()
 _KERNELS: dict[tuple[str, tuple[tuple[str, Any], ...], int, tuple[str, ...]], tuple[Any, ...]] = {}
 _STREAMS: dict[tuple[int, int], Any] = {}
 _DEVICES: dict[int, Any] = {}
+# dynamic shared memory each (kernel handle, device) may use, once opted in above the default
+_SHARED_OPT_IN: dict[tuple[int, int], int] = {}
+# what any kernel may use without opting in
+_DEFAULT_SHARED_BYTES = 48 * 1024
 
 
 class CudaUnavailable(RuntimeError):
@@ -158,15 +162,41 @@ def _stream(device: torch.device) -> Any:
     return found
 
 
+def _opt_in_shared(kernel: Any, shared_bytes: int, device: torch.device) -> None:
+    """Let ``kernel`` use ``shared_bytes`` of dynamic shared memory on ``device``: above 48 KB
+    the driver needs the kernel's attribute raised first (once per kernel and device).
+    cuda.core loads cubins as libraries, so the handle is a CUkernel: cuKernelSetAttribute."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    handle = int(kernel.handle)
+    if _SHARED_OPT_IN.get((handle, index), _DEFAULT_SHARED_BYTES) >= shared_bytes:
+        return
+    from cuda.bindings import driver
+
+    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    (err,) = driver.cuKernelSetAttribute(
+        attribute, shared_bytes, driver.CUkernel(handle), driver.CUdevice(index)
+    )
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(
+            f"attncc: cannot give a CUDA kernel {shared_bytes} bytes of shared memory ({err})"
+        )
+    _SHARED_OPT_IN[(handle, index)] = shared_bytes
+
+
 def launch(
     kernel: Any,
     grid: tuple[int, int, int],
     block: tuple[int, int, int],
     args: Sequence[Any],
     device: torch.device,
+    shared_bytes: int = 0,
 ) -> None:
-    """Launch on PyTorch's current stream of ``device`` (static shared memory only)."""
+    """Launch on PyTorch's current stream of ``device`` with ``shared_bytes`` of dynamic
+    shared memory (``extern __shared__``)."""
     core = _core()
     _device(device)  # the stream's context must be current (the NULL stream uses it)
-    config = core.LaunchConfig(grid=grid, block=block)
+    if shared_bytes > _DEFAULT_SHARED_BYTES:
+        with _LOCK:
+            _opt_in_shared(kernel, shared_bytes, device)
+    config = core.LaunchConfig(grid=grid, block=block, shmem_size=shared_bytes)
     core.launch(_stream(device), config, kernel, *args)

@@ -45,7 +45,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "bf16-256": {
         "ATTNCC_DP": 256,
         "ATTNCC_DVP": 256,
-        "ATTNCC_WARPS": 2,
+        "ATTNCC_WARPS": 4,
+        "ATTNCC_M_TILES": 1,
         "ATTNCC_BLOCK_N": 32,
         "ATTNCC_SPLIT_WARPS": 1,
         "ATTNCC_SPLIT_BLOCK_N": 32,
@@ -141,6 +142,31 @@ def test_kernel_source_is_the_cuda_source() -> None:
     assert 'extern "C" __global__' in kernel.source
     assert kernel.path.read_text() != kernel.source  # the loaded module is the host side
     assert kernel.input_names == ("q", "k", "v")
+
+
+def test_fused_tiles_fit_registers_and_shared_memory() -> None:
+    """The host's fused tiles (per padded head dims and GPU): FlashAttention-2's 128 x 64 with
+    4 warps at D=128 on an H100/H200, one row tile a warp where two would not fit, and a
+    per-call override for sweeps that is checked like the defaults."""
+    module = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
+    hopper, ampere, small = 227 * 1024, 163 * 1024, 99 * 1024
+    assert module._fused_config(128, 128, hopper) == (4, 2, 64)
+    assert module._fused_config(64, 64, hopper) == (4, 2, 64)
+    assert module._fused_config(256, 256, hopper) == (4, 1, 32)
+    dims = cuda_backend.PADDED_HEAD_DIMS
+    for limit in (hopper, ampere, small):
+        for dp in dims:
+            for dvp in dims:
+                warps, m_tiles, block_n = module._fused_config(dp, dvp, limit)
+                block_m = 16 * warps * m_tiles
+                assert module._fused_shared_bytes(block_m, block_n, dp, dvp) <= limit
+                assert module._fused_accumulators(m_tiles, block_n, dp, dvp) <= 192
+    sweep = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    assert module._fused_override(sweep, 128, 128, hopper) == (8, 1, 64)
+    with pytest.raises(ValueError, match="16 or 32 rows a warp"):
+        module._fused_override({"BLOCK_M": 48, "num_warps": 4}, 128, 128, hopper)
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        module._fused_override({"BLOCK_M": 256, "num_warps": 8}, 256, 256, hopper)
 
 
 # ----------------------------------------------------------------------------- errors
