@@ -136,6 +136,16 @@ def kernels(
         return found
 
 
+def resident_blocks(kernel: Any, threads: int) -> int:
+    """Blocks of ``threads`` threads (static shared memory only) of ``kernel`` that one
+    multiprocessor holds at once, from the driver's occupancy calculator; 0 where this
+    cuda.core has no occupancy query."""
+    try:
+        return int(kernel.occupancy.max_active_blocks_per_multiprocessor(threads, 0))
+    except Exception:  # an older cuda.core, or a driver that refuses: the caller estimates
+        return 0
+
+
 class _TorchStream:
     """PyTorch's current stream as a ``__cuda_stream__`` object for cuda.core."""
 

@@ -48,10 +48,16 @@ VARIANTS: dict[str, dict[str, object]] = {
         "ATTNCC_WARPS": 4,
         "ATTNCC_M_TILES": 1,
         "ATTNCC_BLOCK_N": 32,
-        "ATTNCC_SPLIT_WARPS": 1,
-        "ATTNCC_SPLIT_BLOCK_N": 32,
+        "ATTNCC_SPLIT_WARPS": 2,
+        "ATTNCC_SPLIT_STAGES": 1,
     },
-    "split-128-rows": {"ATTNCC_SPLIT_WARPS": 8, "ATTNCC_SPLIT_BLOCK_N": 32, "ATTNCC_FUSED": 0},
+    "split-64-stages": {
+        "ATTNCC_DP": 64,
+        "ATTNCC_DVP": 128,
+        "ATTNCC_SPLIT_WARPS": 2,
+        "ATTNCC_SPLIT_STAGES": 2,
+        "ATTNCC_FUSED": 0,
+    },
 }
 FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS] + [("paged_decode", "bf16-128")]
 

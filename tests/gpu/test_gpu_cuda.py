@@ -10,6 +10,7 @@ trial counts stay small.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -106,3 +107,93 @@ def test_cuda_graph_capture() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+# ----------------------------------------------------------------------------- split-KV decode
+# The tensor-core split-KV kernel streams each chunk with several warps, merges them in shared
+# memory and merges the chunks in the last program to finish (an arrival counter per (batch
+# entry, kv head, 16 rows)); these shapes reach one chunk and the most, head dims 64/128/256
+# (their warp and stage configurations), rows past one 16-row tile, and empty caches.
+
+
+def _assert_matches_reference(
+    kernel: Any, args: tuple[torch.Tensor, ...], tol: float = 3e-2
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = kernel(*args, return_lse=True)
+    exp_out, exp_lse = reference(kernel.spec)(*(a.cpu() for a in args), return_lse=True)
+    exp_out, exp_lse = torch.from_numpy(exp_out), torch.from_numpy(exp_lse)
+    assert (out.double().cpu() - exp_out).abs().max() < tol
+    seen = torch.isfinite(exp_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), seen)  # no visible key: lse -inf, never NaN
+    assert (lse.double().cpu()[seen] - exp_lse[seen]).abs().max() < 1e-2
+    return out, lse
+
+
+@pytest.mark.parametrize(
+    ("lens", "head_dim", "keys"),
+    [
+        ((5000,), 128, 5000),
+        ((0, 17, 2100), 64, 2100),
+        ((695, 300), 256, 700),
+        ((4096, 4095, 2000, 1), 128, 4096),
+    ],
+)
+def test_cuda_decode_split_merge(lens: tuple[int, ...], head_dim: int, keys: int) -> None:
+    kernel = attncc.compile(EXAMPLE_DIR / "decode.attn", target="cuda")
+    batch = len(lens)
+    q = torch.randn(batch, 32, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (
+        torch.randn(batch, keys, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in "kv"
+    )
+    cache_len = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    out, lse = _assert_matches_reference(kernel, (q, k, v, cache_len))
+    if 0 in lens:
+        assert not out[lens.index(0)].any()
+    # the counters are zero again after a call: the next one merges the same way
+    again, again_lse = kernel(q, k, v, cache_len, return_lse=True)
+    assert torch.equal(again, out) and torch.equal(again_lse, lse)
+
+
+def test_cuda_decode_never_reads_keys_past_the_cache() -> None:
+    """Keys no row sees are zero-filled, not loaded: NaN past cache_len (an unwritten cache)
+    and page-table entries past it (padding) change nothing."""
+    decode = attncc.compile(EXAMPLE_DIR / "decode.attn", target="cuda")
+    q = torch.randn(2, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 3000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    lens = torch.tensor([1234, 2999], device="cuda", dtype=torch.int32)
+    clean = decode(q, k, v, lens)
+    for b, n in enumerate(lens.tolist()):
+        k[b, n:] = float("nan")
+        v[b, n:] = float("nan")
+    assert torch.equal(decode(q, k, v, lens), clean)
+
+    paged = attncc.compile(EXAMPLE_DIR / "paged_decode.attn", target="cuda")
+    pages, page = 64, 16
+    k_pages, v_pages = (
+        torch.randn(pages, page, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv"
+    )
+    table = torch.randperm(pages, device="cuda", dtype=torch.int32)[:48].reshape(2, 24)
+    lens = torch.tensor([100, 377], device="cuda", dtype=torch.int32)
+    clean = paged(q, k_pages, v_pages, table, lens)
+    _assert_matches_reference(paged, (q, k_pages, v_pages, table, lens))
+    for b, n in enumerate(lens.tolist()):
+        table[b, -(-n // page) :] = 1 << 30
+    assert torch.equal(paged(q, k_pages, v_pages, table, lens), clean)
+
+
+def test_cuda_speculative_decode_rows_past_one_tile() -> None:
+    # 4 query heads a kv head x 8 draft tokens: 32 rows, two 16-row programs a chunk
+    kernel = attncc.compile(EXAMPLE_DIR / "speculative_decode.attn", target="cuda")
+    q = torch.randn(2, 32, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 4000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    lens = torch.tensor([8, 3999], device="cuda", dtype=torch.int32)
+    _assert_matches_reference(kernel, (q, k, v, lens))
+
+
+def test_cuda_decode_strided_cache_takes_the_scalar_loads() -> None:
+    kernel = attncc.compile(EXAMPLE_DIR / "decode.attn", target="cuda")
+    q = torch.randn(2, 128, 32, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(2, 900, 8, 130, device="cuda", dtype=torch.bfloat16)[..., 1:129]  # unaligned
+    v = torch.randn(2, 8, 900, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    lens = torch.tensor([900, 450], device="cuda", dtype=torch.int32)
+    _assert_matches_reference(kernel, (q, k, v, lens))
