@@ -7,12 +7,14 @@ the CUDA source and compiles it with NVRTC (``attncc.runtime.nvrtc``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from attncc.ir.nodes import AttentionKernel
 from attncc.runtime import op as op_registry
@@ -74,6 +76,12 @@ class Kernel:
 
     def __call__(self, *args: Any, return_lse: bool = False, **kwargs: Any) -> Any:
         tensors, params = self._host._bind(args, kwargs)
+        if _plain_eager(tensors.values()):
+            # the torch op's dispatch costs ~50 us a call (measured on an H200,
+            # benchmarks/host_overhead.py), more than a decode kernel's GPU time; in plain
+            # eager mode nothing needs it, and _forward checks the inputs itself
+            out, lse = self._launch(tensors, params, return_lse)
+            return (out, lse) if return_lse else out
         # the generated checks name the spec input; the op's schema would only say "Tensor"
         self._host._check(tensors, params)
         inputs = [tensors[name] for name in self.input_names]
@@ -105,7 +113,11 @@ class Kernel:
         return tensors, params, return_lse
 
     def _run(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        tensors, params, return_lse = self._split(args, kwargs)
+        return self._launch(*self._split(args, kwargs))
+
+    def _launch(
+        self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.target != "triton":
             return self.module(False)._forward(tensors, params, return_lse)  # type: ignore[no-any-return]
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
@@ -132,3 +144,12 @@ class Kernel:
             torch.empty(out_dims, dtype=dtype, device=device),
             torch.empty(lse_dims, dtype=torch.float32, device=device),
         )
+
+
+def _plain_eager(tensors: Iterable[Any]) -> bool:
+    """Whether a call may skip the torch op: not traced (torch.compile, export), no dispatch
+    mode (FakeTensorMode, ...), plain tensors (no subclasses, fake or functional tensors) and
+    no autograd (the op gives the clear "autograd not implemented" error)."""
+    if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
+        return False
+    return all(type(t) is torch.Tensor and not t.requires_grad for t in tensors)

@@ -127,3 +127,44 @@ def test_op_is_registered_under_the_attncc_namespace() -> None:
     out, lse = kernel._op(*qkv(), None, return_lse=True)
     assert out.shape == (1, 2, 20, 16) and lse.shape == (1, 2, 20)
     torch.testing.assert_close(out, kernel(*qkv()), rtol=0, atol=0)
+
+
+class OpSpy:
+    """Wraps a kernel's op, counting calls."""
+
+    def __init__(self, op: object) -> None:
+        self.op, self.calls = op, 0
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        self.calls += 1
+        return self.op(*args, **kwargs)  # type: ignore[operator]
+
+
+def test_plain_eager_calls_skip_the_op_and_give_its_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the op's dispatch costs more than a decode kernel: eager calls launch directly
+    kernel = compiled("causal", "fused")
+    args = qkv()
+    via_op = kernel._op(*args, None, return_lse=True)
+    spy = OpSpy(kernel._op)
+    monkeypatch.setattr(kernel, "_op", spy)
+    out, lse = kernel(*args, return_lse=True)
+    assert spy.calls == 0
+    torch.testing.assert_close(out, via_op[0], rtol=0, atol=0)
+    torch.testing.assert_close(lse, via_op[1], rtol=0, atol=0)
+    with pytest.raises(TypeError, match="input 'q' must be float16, bfloat16 or float32"):
+        kernel(args[0].to(torch.int32), *args[1:])  # the direct path checks like the op
+
+
+def test_traced_fake_and_autograd_calls_go_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kernel = compiled("causal", "fused")
+    spy = OpSpy(kernel._op)
+    monkeypatch.setattr(kernel, "_op", spy)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in qkv()]
+        out = kernel(*fake)
+    assert spy.calls == 1 and out.shape == (1, 2, 20, 16)
+    q, k, v = qkv()
+    kernel(q.requires_grad_(), k, v)
+    assert spy.calls == 2
