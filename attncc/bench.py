@@ -38,7 +38,10 @@ from attncc.text import format_table
 from attncc.torch_eval import evaluate
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-ANCHORS = ("sdpa-flash", "sdpa-cudnn", "flex")
+# "copy": for cache-bound rows (no query axis), a device-to-device copy moving as many bytes
+# (read plus written) as the kernel reads, timed the same way: the memory roofline at that
+# size, launch and ramp-up included (a 34 MB cache cannot reach the large-copy bandwidth)
+ANCHORS = ("sdpa-flash", "sdpa-cudnn", "flex", "copy")
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,13 @@ def anchor_runners(
     return runners
 
 
+def copy_runner(traffic_bytes: int, device: torch.device) -> Callable[[], Any]:
+    """A copy of ``traffic_bytes / 2`` bytes: as much memory traffic as ``traffic_bytes`` read."""
+    src = torch.empty(max(1, traffic_bytes // 2), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
 def _flex_runner(
     kernel: ir.AttentionKernel,
     q: torch.Tensor,
@@ -376,6 +386,11 @@ def bench_spec(
         row.seconds = {"first_call": first, "measure": measured - began - first}
         _reset_dynamo()
         per_copy = [anchor_runners(kernel.ir, c, sizes, params, against, fraction) for c in copies]
+        if "copy" in against:
+            for c, runners in zip(copies, per_copy, strict=True):
+                device = next(iter(c.values())).device
+                traffic = int(kv_bytes * fraction)
+                runners["copy"] = copy_runner(traffic, device) if tbps is not None else None
         for name, first_copy in per_copy[0].items():
             if first_copy is None:
                 row.anchors[name] = None

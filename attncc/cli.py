@@ -161,7 +161,11 @@ def parser() -> argparse.ArgumentParser:
     bench_p.add_argument("spec")
     bench_p.add_argument("--shapes", default="", help="B,H,S,D;... (defaults: a 16k-token set)")
     bench_p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    bench_p.add_argument("--against", default="sdpa-flash,sdpa-cudnn,flex")
+    bench_p.add_argument(
+        "--against",
+        default="sdpa-flash,sdpa-cudnn,flex,copy",
+        help="anchors timed in the same run (copy: cache-bound rows only)",
+    )
     bench_p.add_argument("--json", help="append one JSON line per measured shape to this file")
     bench_p.add_argument("--target", default="triton", choices=["triton", "cuda"])
     bench_p.add_argument(

@@ -109,3 +109,14 @@ def test_the_matrix_skips_jobs_whose_rows_are_in_the_file(tmp_path: Path) -> Non
     for shape in causal.shapes[:1]:
         plan.record(Row("causal", str(Shape.parse(shape)), "bf16", 1.0, 1.0, None))
     assert [j.spec for j in matrix.pending(jobs, str(path))] == [j.spec for j in jobs[1:]]
+
+
+def test_copy_anchor_moves_as_many_bytes_as_the_kernel_reads() -> None:
+    import torch
+
+    from attncc.bench import ANCHORS, copy_runner
+
+    assert "copy" in ANCHORS
+    dst = copy_runner(1000, torch.device("cpu"))()
+    # half read, half written: 1000 bytes of traffic
+    assert dst.numel() * dst.element_size() == 500
