@@ -38,8 +38,8 @@ from attncc.text import format_table
 from attncc.torch_eval import evaluate
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-# "copy": for cache-bound rows (no query axis), a device-to-device copy moving as many bytes
-# (read plus written) as the kernel reads, timed the same way: the memory roofline at that
+# "copy": for cache-bound rows (no query axis), a copy-like kernel moving as many bytes (read
+# plus written) as the kernel reads, timed the same way: the memory roofline at that
 # size, launch and ramp-up included (a 34 MB cache cannot reach the large-copy bandwidth)
 ANCHORS = ("sdpa-flash", "sdpa-cudnn", "flex", "copy")
 
@@ -228,10 +228,12 @@ def anchor_runners(
 
 
 def copy_runner(traffic_bytes: int, device: torch.device) -> Callable[[], Any]:
-    """A copy of ``traffic_bytes / 2`` bytes: as much memory traffic as ``traffic_bytes`` read."""
-    src = torch.empty(max(1, traffic_bytes // 2), dtype=torch.uint8, device=device)
+    """An elementwise kernel reading ``traffic_bytes / 2`` bytes and writing as many: as much
+    memory traffic as a kernel reading ``traffic_bytes``, moved by the multiprocessors (a
+    ``copy_`` may go to a copy engine, which runs slower on large buffers)."""
+    src = torch.zeros(max(1, traffic_bytes // 8), dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
+    return lambda: torch.neg(src, out=dst)
 
 
 def _flex_runner(
