@@ -124,3 +124,26 @@ def test_paged_cache_with_a_tile_index() -> None:
     assert kernel.ir.tile_index is not None
     results = check(kernel, trials=6, seed=3, max_len=120)
     assert all(r.ok for r in results), table(results)
+
+
+@pytest.mark.parametrize("merge_floats", [64, 128, 8192])
+def test_split_merge_takes_rows_in_steps(merge_floats: int) -> None:
+    # 5 query heads on one kv head, 2 chunks of 32 value dims: the merge takes 1, 2 or all
+    # rows a step (the last step partly past the rows)
+    gen = torch.Generator().manual_seed(merge_floats)
+    kernel = attncc.compile(EXAMPLES / "decode.attn")
+    module = kernel.module(interpreted=True)
+    q = torch.randn(1, 5, 32, generator=gen)
+    k = torch.randn(1, 150, 1, 32, generator=gen)
+    v = torch.randn(1, 150, 1, 32, generator=gen)
+    lengths = torch.tensor([140], dtype=torch.int32)
+    saved = module._MERGE_FLOATS
+    module._MERGE_FLOATS = merge_floats
+    try:
+        out, lse = kernel(q, k, v, lengths, return_lse=True)
+    finally:
+        module._MERGE_FLOATS = saved
+    scores = torch.einsum("bhd,bnd->bhn", q, k[:, :140, 0]) / 32**0.5
+    expected = torch.einsum("bhn,bnd->bhd", scores.softmax(-1), v[:, :140, 0])
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lse, scores.logsumexp(-1), rtol=1e-4, atol=1e-4)
