@@ -3,11 +3,12 @@
 # example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
 # Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [startup] [decode] [sweep] [cuda]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [startup] [decode] [sweep] [cuda] [profile]
 #   (default: tests check bench startup; `bench` is issue 4's whole matrix, resumable across
 #   calls; `quick` one shape a variant; `decode` the split-KV specs only: their GPU tests,
 #   checks and benchmarks; `sweep` every launch configuration of a few shapes; `cuda` the
-#   CUDA target alone, check of every example + prefill/decode bench, a few minutes)
+#   CUDA target alone, check of every example + prefill/decode bench, a few minutes;
+#   `profile` Nsight Compute on the causal prefill of both targets)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attncc_gpu_out}
@@ -80,6 +81,20 @@ if has sweep; then
                 "decode 8,32:8,8192,128" "paged_decode 8,32:8,32768,128"; do
         set -- $args
         python3 benchmarks/sweep.py "examples/$1.attn" "$2" 2>&1 | grep -v Warning | tee -a "$OUT/sweep.log"
+    done
+fi
+
+if has profile; then
+    # Nsight Compute on the causal prefill of both targets (tensor pipe, stall reasons,
+    # shared-memory conflicts, occupancy): why the CUDA kernel trails the Triton one
+    for target in cuda triton; do
+        timeout 240 ncu --kernel-name regex:"fwd|fused" --launch-skip 3 --launch-count 1 \
+            --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+            --section MemoryWorkloadAnalysis_Tables --section Occupancy --section LaunchStats \
+            --section InstructionStats \
+            python3 benchmarks/profile_call.py examples/causal.attn "4,16,4096,128" $target \
+            > "$OUT/ncu_causal_$target.txt" 2>&1
+        grep -E "Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|Issue Slots Busy|Stall|Bank" "$OUT/ncu_causal_$target.txt" | head -30
     done
 fi
 

@@ -1,7 +1,7 @@
 """Time every launch configuration of a spec on one shape (GPU): what the autotuner chooses
 from, and whether the candidate list or the defaults should change.
 
-    python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16] [cuda] [quick]
+    python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16] [cuda] [quick] [variants=FILE]
 
 (`cuda`: the CUDA target; `quick`: Triton prefill sweeps only the four tiles that have won
 before.)
@@ -9,7 +9,10 @@ before.)
 Decode-sized calls (<= 16 queries) sweep tile x `waves` (split count) and are timed as
 CUDA-graph replays over rotating input copies (cold L2), as `attncc bench` times them;
 prefill calls sweep tiles, with and without TMA descriptors, with `do_bench`. The CUDA
-target sweeps its fused kernel's tiles (BLOCK_M: 16 or 32 rows a warp) only.
+target sweeps its fused kernel's tiles (BLOCK_M: 16 or 32 rows a warp) only, or, with
+`variants=FILE` (JSON: {"name": [[old, new], ...]}), source variants of the rendered CUDA
+(text replacements, each compiled under its own cache key) on the default tiles: an A/B
+of a kernel change in one device call, without a release of the template.
 """
 
 from __future__ import annotations
@@ -58,9 +61,29 @@ else:
         for (m, n, w, s), tma in itertools.product(tiles, (True, False))
     ]
 
+variants = {"": []}
+for arg in sys.argv[4:]:
+    if arg.startswith("variants="):
+        import json
+
+        with open(arg.split("=", 1)[1]) as f:
+            variants.update(json.load(f))
+        configs = configs[:1] + [c for c in configs if c["BLOCK_M"] == 256 and c["BLOCK_N"] == 64]
+source, source_key = getattr(module, "_CUDA_SOURCE", ""), getattr(module, "_SOURCE_KEY", "")
+cases = []
+for name, replacements in variants.items():
+    patched = source
+    for old, new in replacements:
+        if old not in patched:
+            raise SystemExit(f"variant {name}: {old!r} is not in the rendered source")
+        patched = patched.replace(old, new)
+    cases += [(name, patched, config) for config in configs]
+
 results = []
 first_out = None
-for config in configs:
+for name, patched, config in cases:
+    if name or source:
+        module._CUDA_SOURCE, module._SOURCE_KEY = patched, f"{source_key}-{name}"
     runs = []
     for c in copies:
         tensors, bound = module._bind([c[n] for n in kernel.input_names], {})
@@ -71,15 +94,15 @@ for config in configs:
         torch.cuda.synchronize()
         ms = median_ms(runs, graphed)
     except Exception as err:  # shared memory or register limits: report and go on
-        print(f"{config}: {type(err).__name__}: {str(err)[:120]}")
+        print(f"{name} {config}: {type(err).__name__}: {str(err)[:120]}")
         continue
     # every configuration must give the first one's output (a fast wrong one is no candidate)
     first_out = out if first_out is None else first_out
     diff = (out - first_out).abs().max().item()
     if not diff <= 2e-2:
-        print(f"{config}: MISMATCH, max |out - first config's out| = {diff:.3g}")
+        print(f"{name} {config}: MISMATCH, max |out - first config's out| = {diff:.3g}")
         continue
-    results.append((ms, config))
+    results.append((ms, {"variant": name, **config} if name else config))
 
 results.sort(key=lambda r: r[0])
 print(f"{kernel.name} {shape_text} {dtype} on {torch.cuda.get_device_name()}")
