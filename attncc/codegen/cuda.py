@@ -99,6 +99,14 @@ class _Context:
         lines.append("float s2 = s * ATTNCC_LOG2E;")
         return lines
 
+    def exp_scale(self, env: cu.CudaEnv) -> str | None:
+        """The log2-domain score scale, when scores are the scaled dot products and nothing
+        else (no score modification): the prefill kernel then keeps raw dot products and
+        applies the scale inside each exp2's FFMA."""
+        if self.k.score_mods:
+            return None
+        return f"((float)({cu.cuda_expr(self.k.score_scale, env)}) * ATTNCC_LOG2E)"
+
     def masks(self, env: cu.CudaEnv) -> tuple[str, str | None]:
         plan_ = self.k.mask_plan
         assert plan_ is not None
@@ -191,6 +199,7 @@ class _Context:
             "k": self.kv_operand(k.key, k.head_axis.index, program, replaced),
             "v": self.kv_operand(k.value, k.value_axis.index, program, replaced),
             "score_lines": self.score_lines(env),
+            "exp_scale": self.exp_scale(env),
             "mask_partial": mask_partial,
             "mask_full": mask_full,
             "bounds": self.bounds(split),

@@ -58,6 +58,26 @@ def test_cuda_head_dims_and_dtypes(head_dim: int) -> None:
         assert (lse.double().cpu() - torch.from_numpy(exp_lse)).abs().max() < 1e-3
 
 
+@pytest.mark.parametrize("scale", [-0.2, 0.0, 0.09, 1.0])
+def test_cuda_prefill_scale_in_exp(scale: float) -> None:
+    # without score modifications the prefill kernel keeps raw dot products and scales inside
+    # exp2: a negative scale flips Q, a zero one must not turn masked -inf into NaN, and a
+    # large one (scores of std 11) moves the running max by many 2^8 steps
+    kernel = attncc.compile(EXAMPLE_DIR / "causal.attn", target="cuda")
+    expected_fn = reference(kernel.spec)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (
+        torch.randn(2, 3, 700, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        for _ in range(3)
+    )
+    out, lse = kernel(q, k, v, scale=scale, return_lse=True)
+    exp_out, exp_lse = expected_fn(q.cpu(), k.cpu(), v.cpu(), scale=scale, return_lse=True)
+    exp_lse_t = torch.from_numpy(exp_lse)
+    assert (out.double().cpu() - torch.from_numpy(exp_out)).abs().max() < 3e-2, scale
+    lse_bound = 1e-3 * (1.0 + exp_lse_t.abs().max().item())  # fp32 sums of exact bf16 products
+    assert (lse.double().cpu() - exp_lse_t).abs().max() < lse_bound, scale
+
+
 def test_cuda_strided_and_unaligned_inputs_take_the_scalar_loads() -> None:
     kernel = attncc.compile(EXAMPLE_DIR / "gqa_causal.attn", target="cuda")
     wide = torch.randn(1, 4, 50, 70, device="cuda", dtype=torch.bfloat16)
