@@ -389,10 +389,13 @@ def bench_spec(
         _reset_dynamo()
         per_copy = [anchor_runners(kernel.ir, c, sizes, params, against, fraction) for c in copies]
         if "copy" in against:
-            for c, runners in zip(copies, per_copy, strict=True):
-                device = next(iter(c.values())).device
-                traffic = int(kv_bytes * fraction)
-                runners["copy"] = copy_runner(traffic, device) if tbps is not None else None
+            # one buffer pair per input copy, so the copies rotate through memory as the
+            # kernel's inputs do
+            device = next(iter(inputs.values())).device
+            for runners in per_copy:
+                runners["copy"] = (
+                    copy_runner(int(kv_bytes * fraction), device) if tbps is not None else None
+                )
         for name, first_copy in per_copy[0].items():
             if first_copy is None:
                 row.anchors[name] = None

@@ -11,7 +11,8 @@ CUDA-graph replays over rotating input copies (cold L2), as `attncc bench` times
 prefill calls sweep tiles, with and without TMA descriptors, with `do_bench`. The CUDA
 target sweeps its fused kernel's tiles (BLOCK_M: 16 or 32 rows a warp) only, or, with
 `variants=FILE` (JSON: {"name": [[old, new], ...]}), source variants of the rendered CUDA
-(text replacements, each compiled under its own cache key) on the default tiles: an A/B
+(text replacements, each compiled under its own cache key) on two tiles, 128x64 with 4
+warps and 256x64 with 8 (the host's choices before and since session 4): an A/B
 of a kernel change in one device call, without a release of the template.
 """
 

@@ -87,14 +87,16 @@ class _Context:
             result[name] = templating.nested(func, [*parts, limit])
         return result
 
-    def score_lines(self, env: cu.CudaEnv) -> list[str]:
+    def _scale(self, env: cu.CudaEnv) -> str:
         scale = cu.cuda_expr(self.k.score_scale, env)
-        if self.k.score_scale.type != "float":
-            scale = f"(float)({scale})"
-        if not self.k.score_mods:
+        return scale if self.k.score_scale.type == "float" else f"(float)({scale})"
+
+    def score_lines(self, env: cu.CudaEnv) -> list[str]:
+        exp_scale = self.exp_scale(env)
+        if exp_scale is not None:
             # log2(e) folds into the scale: one multiply per score
-            return [f"float s2 = qk * (({scale}) * ATTNCC_LOG2E);"]
-        lines = [f"float s = qk * ({scale});"]
+            return [f"float s2 = qk * {exp_scale};"]
+        lines = [f"float s = qk * ({self._scale(env)});"]
         lines += [f"s = {cu.cuda_expr(mod, env)};" for mod in self.k.score_mods]
         lines.append("float s2 = s * ATTNCC_LOG2E;")
         return lines
@@ -105,7 +107,7 @@ class _Context:
         applies the scale inside each exp2's FFMA."""
         if self.k.score_mods:
             return None
-        return f"((float)({cu.cuda_expr(self.k.score_scale, env)}) * ATTNCC_LOG2E)"
+        return f"(({self._scale(env)}) * ATTNCC_LOG2E)"
 
     def masks(self, env: cu.CudaEnv) -> tuple[str, str | None]:
         plan_ = self.k.mask_plan
