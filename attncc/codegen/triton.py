@@ -292,6 +292,7 @@ class _Context:
             programs = size if programs == "1" else f"{programs} * {size}"
         return {
             "build_fn": f"_attncc_{cx.safe_name(self.k.name)}_tile_index",
+            "runtime_ints": self.runtime_ints(("KEY_TILES",)),
             "batch_lines": self.batch_lines(index.axes),
             "row_lines": row_lines,
             "key_lines": key_lines,
@@ -351,6 +352,18 @@ class _Context:
         names = [a.var for a in args]
         host = [f"{a.type}({a.host})" if a.source == "param" else a.host for a in args]
         return names, host
+
+    def runtime_ints(self, extra: tuple[str, ...] = ()) -> list[str]:
+        """Integer kernel parameters Triton must not specialize on: sizes and int params.
+        Triton compiles a new kernel for each int's "== 1" and "divisible by 16" cases, so a
+        batch of 8 after one of 16 (or of 1), or a new window size, would recompile every
+        launch configuration. Input and output strides stay specialized (their divisibility
+        vectorizes loads), but the log-sum-exp's outer strides are multiples of the query
+        length, so they are runtime values too (its row stride is always 1)."""
+        args = plan.launch_args(self.k)
+        sizes = [a.var for a in args if a.source in ("dim", "param") and a.type == "int"]
+        lse_strides = [a.var for a in args if a.source == "stride" and a.host.startswith("lse.")]
+        return [*lse_strides[:-1], *sizes, *extra]
 
     def batch_lines(self, axes: tuple[ir.Axis, ...] | None = None) -> list[str]:
         """Lines decomposing ``pid_batch`` into the indices of ``axes`` (all batch axes)."""
@@ -450,6 +463,7 @@ class _Context:
         return {
             "kernel_fn": f"_attncc_{cx.safe_name(k.name)}_split",
             "combine_fn": f"_attncc_{cx.safe_name(k.name)}_combine",
+            "runtime_ints": self.runtime_ints(("GROUP", "M_ROWS", "ROWS", "CHUNK")),
             "batch_lines": lines,
             "head_var": cx.index_var(head) if head else None,
             "kv_head": kv_head,
@@ -480,6 +494,7 @@ class _Context:
         k_parts = self.kv_operand(k.key, k.head_axis.index, scalars)
         v_parts = self.kv_operand(k.value, k.value_axis.index, scalars)
         kernel_params, launch_args = self.kernel_params()
+        tile_index = self.tile_index()
         o, lse = self.output()
         env = self.env()
         query = k.query_axis
@@ -490,6 +505,7 @@ class _Context:
             "doc": self.doc(),
             "kernel_fn": f"_attncc_{cx.safe_name(k.name)}_fwd",
             "kernel_params": kernel_params,
+            "runtime_ints": self.runtime_ints(("KEY_TILES",) if tile_index else ()),
             "launch_args": launch_args,
             "batch_lines": self.batch_lines(),
             "rows": cx.dim_var(query.dim) if query else "1",
@@ -508,7 +524,7 @@ class _Context:
             "lse": lse,
             "prologue_lines": prologue,
             "loop": self.loop(env, k_parts, v_parts, descriptors=True),
-            "tile_index": self.tile_index(),
+            "tile_index": tile_index,
             "bounds": self.bounds(),
             "output": {
                 "dims": list(k.output.dims),

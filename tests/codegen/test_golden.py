@@ -177,3 +177,22 @@ def test_strict_undefined_on_a_plain_template() -> None:
         env.from_string("BLOCK_M = {{ block_m }}\n").render()
     with pytest.raises(jinja2.UndefinedError):
         env.from_string("{% for x in items %}{{ x }}{% endfor %}").render()
+
+
+@pytest.mark.parametrize("name", ["paged_decode", "document_mask", "sliding_window", "naive"])
+def test_sizes_are_runtime_values_in_every_triton_kernel(name: str) -> None:
+    """Every top-level kernel tells Triton not to specialize sizes, int params and the
+    log-sum-exp's outer strides (a batch of 8 after one of 16 would otherwise recompile)."""
+    source = attncc.compile(EXAMPLES / f"{name}.attn").source
+    kernels = re.findall(r"@triton\.jit(.*)\ndef (\w+)\(", source)
+    top_level = [(opts, fn) for opts, fn in kernels if not fn.startswith(("_tanh", "_max", "_sum"))]
+    top_level = [(opts, fn) for opts, fn in top_level if not fn.endswith("_combine")]
+    assert top_level, source[:200]
+    dims = re.findall(r"^dims\s+(.*)$", (EXAMPLES / f"{name}.attn").read_text(), re.M)
+    names = [d.split("=")[0].strip() for line in dims for d in line.split(",")]
+    for opts, fn in top_level:
+        assert opts.startswith("(do_not_specialize=["), (fn, opts)
+        for dim in names:
+            assert f'"d_{dim}"' in opts, (fn, dim, opts)
+        if name == "sliding_window":
+            assert '"p_window"' in opts, (fn, opts)

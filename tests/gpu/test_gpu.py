@@ -86,3 +86,56 @@ def test_tma_descriptor_loads_on_gpu(name: str, head_dim: int) -> None:
         out, _ = module._forward(tensors, params, False, _as_launch(tile, tma=1))
         error = (out.float().cpu() - expected).abs().max()
         assert error < 3e-2, (tile, float(error))
+
+
+# (spec, [(B, heads, length)]): the first call compiles; none of the others may. Lengths stay
+# at or above the default tile's 128 rows: a shorter query axis takes a smaller BLOCK_M,
+# compiled once per power of two (run 1 of session 5 saw that at 64 rows)
+NO_RECOMPILE_CASES = [
+    ("causal", [(16, 4, 1024), (8, 4, 2048), (1, 4, 777), (3, 4, 300)]),
+    ("sliding_window", [(2, 4, 1000), (1, 4, 4096), (5, 4, 200)]),
+    # decode: (B x kv heads) programs of 16 and more keep the split count, which also
+    # sizes the merge, within 16; one program row fewer doubles it (a second compile)
+    ("decode", [(8, 32, 1000), (8, 32, 8192), (2, 32, 20000), (3, 32, 333)]),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "calls"), NO_RECOMPILE_CASES, ids=[c[0] for c in NO_RECOMPILE_CASES]
+)
+def test_new_lengths_and_batch_sizes_do_not_recompile(
+    name: str, calls: list[tuple[int, int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sizes are runtime values: after the first call, new batch sizes and lengths (with
+    ones, odd numbers, multiples of 16) launch the same compiled kernels."""
+    import triton
+
+    monkeypatch.setenv("ATTNCC_AUTOTUNE", "0")  # one launch configuration for every size
+    kernel = attncc.compile(EXAMPLE_DIR / f"{name}.attn")
+    compiled: list[str] = []
+
+    def record(*, fn: object, **_: object) -> None:
+        compiled.append(str(getattr(fn, "name", fn)))
+
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", record)
+    kv_heads = 8
+    for i, (batch, heads, length) in enumerate(calls):
+        if name == "decode":
+            q = torch.randn(batch, heads, 64, device="cuda", dtype=torch.bfloat16)
+            k, v = (
+                torch.randn(batch, length, kv_heads, 64, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2)
+            )
+            lengths = torch.full((batch,), length, device="cuda", dtype=torch.int32)
+            kernel(q, k, v, lengths)
+        else:
+            q, k, v = (
+                torch.randn(batch, heads, length, 64, device="cuda", dtype=torch.bfloat16)
+                for _ in range(3)
+            )
+            kernel(q, k, v, **({"window": length // 2 + 1} if name == "sliding_window" else {}))
+        torch.cuda.synchronize()
+        if i == 0:
+            first = len(compiled)
+            assert first > 0, "the hook saw no compile: it no longer observes Triton's JIT"
+    assert compiled[first:] == [], f"recompiled for {calls}: {compiled[first:]}"
