@@ -12,7 +12,8 @@ the Python launch path; they are timed as CUDA-graph replays (``do_bench_cudagra
 way serving stacks run them, for attncc and the anchors alike.
 
 Bench inputs: floats ~ N(0, 1); an integer input over the key axis holds segment ids of
-``--documents`` equal documents; a page table holds a shuffled pool of 16-token pages; any
+``--documents`` equal documents; a page table holds a shuffled pool of pages (``--page``
+tokens each, 16 by default; rows with another size are labelled with it); any
 other integer input (cache lengths) holds the key length.
 """
 
@@ -85,7 +86,8 @@ class Row:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def sizes_for(kernel: ir.AttentionKernel, shape: Shape) -> dict[str, int]:
+def sizes_for(kernel: ir.AttentionKernel, shape: Shape, page: int = 16) -> dict[str, int]:
+    """Every dim of ``kernel`` for ``shape``; a paged cache gets pages of ``page`` tokens."""
     sizes = {dim: 1 for dim in kernel.dims}
     axes = kernel.batch_axes
     if axes:
@@ -99,7 +101,7 @@ def sizes_for(kernel: ir.AttentionKernel, shape: Shape) -> dict[str, int]:
         sizes[kernel.query_axis.dim] = shape.seq
     sizes[kernel.head_axis.dim] = shape.head_dim
     sizes[kernel.value_axis.dim] = shape.head_dim
-    derive_sizes(kernel, sizes, shape.seq, page=16)
+    derive_sizes(kernel, sizes, shape.seq, page=page)
     # a page pool with a page for every slot of the page table
     for tensor, dim in index_tensor_dims(kernel).items():
         sizes[dim] = math.prod(sizes[d] for d in kernel.tensor(tensor).dims)
@@ -329,6 +331,7 @@ def bench_spec(
     target: str = "triton",
     plan: RunPlan | None = None,
     warm_only: bool = False,
+    page: int = 16,
 ) -> list[Row]:
     """Time ``spec`` on each shape; ``plan`` skips shapes already measured, stops starting
     new ones past a deadline and appends each row to a JSON-lines file as it is measured.
@@ -345,13 +348,15 @@ def bench_spec(
         startup.compile_s = time.perf_counter() - began
     rows: list[Row] = []
     label = kernel.name if target == "triton" else f"{kernel.name} [{target}]"
+    if page != 16 and index_tensor_dims(kernel.ir):
+        label += f" [page {page}]"
     for shape in shapes or default_shapes(kernel.ir):
         if (label, str(shape), dtype) in plan.done:
             continue
         if plan.deadline is not None and time.time() > plan.deadline:
             print(f"  deadline reached: {kernel.name} {shape} and later shapes not measured")
             break
-        sizes = sizes_for(kernel.ir, shape)
+        sizes = sizes_for(kernel.ir, shape, page)
         inputs = bench_inputs(kernel.ir, sizes, DTYPES[dtype], documents)
         params = kernel.param_defaults(sizes)
         fraction = visible_fraction(kernel.ir, sizes, params, inputs)
@@ -465,6 +470,9 @@ def main(args: argparse.Namespace) -> int:
             f"attncc bench: unknown anchor {', '.join(unknown)}; choose from {', '.join(ANCHORS)}"
         )
         return 2
+    if getattr(args, "page", 16) < 1:
+        print(f"attncc bench: --page must be at least 1 token, got {args.page}")
+        return 2
     shapes = [Shape.parse(s) for s in args.shapes.split(";") if s] or None
     startup = Startup(0.0)
     target = getattr(args, "target", "triton")
@@ -484,6 +492,7 @@ def main(args: argparse.Namespace) -> int:
         target=target,
         plan=plan,
         warm_only=warm_only,
+        page=getattr(args, "page", 16),
     )
     if warm_only:
         print(f"warmed {args.spec} ({args.dtype}): {args.shapes}")

@@ -167,6 +167,9 @@ def parser() -> argparse.ArgumentParser:
         help="anchors timed in the same run (copy: cache-bound rows only)",
     )
     bench_p.add_argument("--json", help="append one JSON line per measured shape to this file")
+    bench_p.add_argument(
+        "--page", type=int, default=16, help="tokens a page of a paged cache (default 16)"
+    )
     bench_p.add_argument("--target", default="triton", choices=["triton", "cuda"])
     bench_p.add_argument(
         "--resume", action="store_true", help="skip shapes already in the --json file"

@@ -38,25 +38,40 @@ GRACE = 30.0  # seconds a measuring process may run past the deadline to finish 
 VARIANTS = ("causal", "fused", "sliding_window", "alibi", "softcap", "document_mask")
 
 
+# the CUDA target's column: bf16 at 4k (D=128) for every variant, and decode
+CUDA_SHAPES = {"gqa_causal": ("4,32:8,4096,128",), "decode": tuple(DECODE[:2])}
+CUDA_SHAPES["paged_decode"] = CUDA_SHAPES["decode"]
+
+
 @dataclass(frozen=True)
 class Job:
     spec: str
     dtype: str
     shapes: tuple[str, ...]
+    target: str = "triton"
 
     def command(self, json_path: str, warm: bool) -> list[str]:
         cmd = [sys.executable, "-m", "attncc", "bench", f"examples/{self.spec}.attn"]
         cmd += ["--shapes", ";".join(self.shapes), "--dtype", self.dtype]
-        cmd += ["--json", json_path, "--resume"]
+        cmd += ["--json", json_path, "--resume", "--target", self.target]
         return cmd + (["--warm"] if warm else [])
+
+    @property
+    def label(self) -> str:
+        """The spec as `attncc bench` labels its rows."""
+        return self.spec if self.target == "triton" else f"{self.spec} [{self.target}]"
 
 
 def matrix(dtypes: list[str]) -> list[Job]:
-    """Measure jobs: one process per (spec, dtype), the bf16 half first (the targets)."""
+    """Measure jobs: one process per (spec, dtype, target), the bf16 half first (the
+    targets), then the CUDA target's column, the fp16 half and decode."""
     jobs = []
     for dtype in dtypes:
         jobs += [Job(spec, dtype, tuple(D128 + D64 + ODD)) for spec in VARIANTS]
         jobs.append(Job("gqa_causal", dtype, tuple(GQA)))
+        if dtype == "bf16":  # the CUDA column, before the fp16 half
+            for spec in (*VARIANTS, "gqa_causal", "decode", "paged_decode"):
+                jobs.append(Job(spec, "bf16", CUDA_SHAPES.get(spec, ("4,16,4096,128",)), "cuda"))
     jobs += [Job(spec, "bf16", tuple(DECODE)) for spec in ("decode", "paged_decode")]
     return jobs
 
@@ -64,12 +79,13 @@ def matrix(dtypes: list[str]) -> list[Job]:
 def warm_jobs(jobs: list[Job]) -> list[Job]:
     """One process per (spec, dtype, head dim): it compiles the tuning candidates once and
     then each shape's anchors; the groups with the most shapes start first."""
-    groups: dict[tuple[str, str, str], list[str]] = {}
+    groups: dict[tuple[str, str, str, str], list[str]] = {}
     for job in jobs:
         for shape in job.shapes:
-            groups.setdefault((job.spec, job.dtype, shape.rsplit(",", 1)[1]), []).append(shape)
+            key = (job.spec, job.dtype, shape.rsplit(",", 1)[1], job.target)
+            groups.setdefault(key, []).append(shape)
     ordered = sorted(groups.items(), key=lambda item: -len(item[1]))
-    return [Job(spec, dtype, tuple(shapes)) for (spec, dtype, _), shapes in ordered]
+    return [Job(spec, dtype, tuple(shapes), target) for (spec, dtype, _, target), shapes in ordered]
 
 
 def pending(jobs: list[Job], json_path: str) -> list[Job]:
@@ -82,9 +98,9 @@ def pending(jobs: list[Job], json_path: str) -> list[Job]:
         done = {(r["spec"], r["shape"], r["dtype"]) for r in rows}
     left = []
     for job in jobs:
-        shapes = tuple(s for s in job.shapes if (job.spec, shape_label(s), job.dtype) not in done)
+        shapes = tuple(s for s in job.shapes if (job.label, shape_label(s), job.dtype) not in done)
         if shapes:
-            left.append(Job(job.spec, job.dtype, shapes))
+            left.append(Job(job.spec, job.dtype, shapes, job.target))
     return left
 
 
@@ -138,7 +154,7 @@ def run_pool(
                 output, status = str(err.stdout or "") + str(err.stderr or ""), "deadline"
             with lock:
                 log.write(
-                    f"== gpu {device} {'warm' if warm else 'bench'} {job.spec} "
+                    f"== gpu {device} {'warm' if warm else 'bench'} {job.label} "
                     f"{job.dtype} {';'.join(job.shapes)}: {status}, "
                     f"{time.time() - began:.1f} s\n{output}\n"
                 )

@@ -1,5 +1,7 @@
 """Markdown table of a bench JSON-lines file (``attncc bench --json``): one row per measured
-shape with TFLOP/s (TB/s for decode) and the ratio to each anchor measured in the same run.
+shape with TFLOP/s (TB/s for decode) and the ratio to each anchor measured in the same run;
+where the CUDA target was measured on the same shape ("spec [cuda]" rows), its TFLOP/s and
+its ratio to the Triton row fill the last two columns.
 
     python3 benchmarks/matrix_table.py benchmarks/results/matrix.jsonl
 """
@@ -23,16 +25,26 @@ def main(path: str) -> None:
         rows = [json.loads(line) for line in f if line.strip()]
     # rows arrive interleaved from several GPUs: group them by spec, dtype, head dim, length
     rows.sort(key=lambda r: (r["spec"], r["dtype"], _dims(r["shape"])))
+    cuda = {(r["spec"].removesuffix(" [cuda]"), r["shape"], r["dtype"]): r for r in rows}
+    cuda = {key: r for key, r in cuda.items() if r["spec"].endswith(" [cuda]")}
     # x copy: the time of a copy moving the same bytes over the kernel's (decode rows)
-    print("| spec | shape | dtype | TFLOP/s | TB/s | x FA2 | x cuDNN | x Flex | x copy |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    head = "| spec | shape | dtype | TFLOP/s | TB/s | x FA2 | x cuDNN | x Flex | x copy |"
+    print(head + " CUDA TFLOP/s | CUDA / Triton |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
+        if row["spec"].endswith(" [cuda]"):
+            continue
         ratios = []
         for name in ANCHORS:
             anchor = row["anchors"].get(name)  # absent in files older than the anchor
             ratios.append(f"{row['tflops'] / anchor:.2f}" if anchor else "-")
         tbps = f"{row['tbps']:.2f}" if row.get("tbps") is not None else "-"
         cells = [row["spec"], row["shape"], row["dtype"], f"{row['tflops']:.0f}", tbps, *ratios]
+        other = cuda.get((row["spec"], row["shape"], row["dtype"]))
+        if other is None:
+            cells += ["-", "-"]
+        else:
+            cells += [f"{other['tflops']:.0f}", f"{other['tflops'] / row['tflops']:.2f}"]
         print("| " + " | ".join(cells) + " |")
 
 

@@ -16,15 +16,20 @@ import attncc  # noqa: E402
 
 imported = time.perf_counter()
 spec, label = sys.argv[1], sys.argv[2]
-kernel = attncc.compile(spec)
-compiled = time.perf_counter()
+# the CUDA context and the inputs exist before the clock starts: a model calling attncc has
+# both already, so neither is part of attncc's start-up
 q = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.bfloat16)
 kv = torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16)
+torch.cuda.synchronize()
+ready = time.perf_counter()
+kernel = attncc.compile(spec)
+compiled = time.perf_counter()
 kernel(q, kv, kv)
 torch.cuda.synchronize()
 done = time.perf_counter()
 print(
-    f"{label}: import {imported - start:.2f} s, attncc.compile {compiled - imported:.3f} s, "
+    f"{label}: import {imported - start:.2f} s, CUDA context {ready - imported:.2f} s, "
+    f"attncc.compile {compiled - ready:.3f} s, "
     f"first call {done - compiled:.2f} s (autotuned {kernel.tuner.tuned} time(s)), "
-    f"compile + first call {done - imported:.2f} s"
+    f"compile + first call {done - ready:.2f} s"
 )

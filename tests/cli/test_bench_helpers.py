@@ -35,6 +35,8 @@ def test_sizes_for_gqa_and_a_paged_cache() -> None:
     sizes = sizes_for(paged, Shape(8, 32, 8, 8192, 128))
     assert sizes["PAGE"] == 16 and sizes["NP"] == 512 and sizes["N"] == 8192
     assert sizes["P"] == 8 * 512  # a page per slot of the table
+    sizes = sizes_for(paged, Shape(1, 32, 8, 8192, 128), page=256)
+    assert sizes["PAGE"] == 256 and sizes["NP"] == 32 and sizes["P"] == 32
 
 
 def test_rows_and_startup_print() -> None:
@@ -92,6 +94,11 @@ def test_the_matrix_is_the_issues_and_warms_each_group_first() -> None:
         assert len({s.rsplit(",", 1)[1] for s in job.shapes}) == 1
     assert "--warm" in warm[0].command("m.jsonl", True)
     assert "--warm" not in jobs[0].command("m.jsonl", False)
+    # the CUDA column: every variant and decode once, bf16, labelled as `attncc bench` does
+    cuda = [j for j in jobs if j.target == "cuda"]
+    assert {j.spec for j in cuda} == {j.spec for j in jobs} and {j.dtype for j in cuda} == {"bf16"}
+    assert cuda[0].label == f"{cuda[0].spec} [cuda]"
+    assert cuda[0].command("m.jsonl", False)[-2:] == ["--target", "cuda"]
 
 
 def test_the_matrix_skips_jobs_whose_rows_are_in_the_file(tmp_path: Path) -> None:
