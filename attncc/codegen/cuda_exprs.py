@@ -97,6 +97,8 @@ def cuda_expr(expr: ir.Expr, env: CudaEnv) -> str:
                 left, right = _as_float(a, left), _as_float(b, right)
                 if op == "%":
                     return f"fmodf({left}, {right})"
+                if op == "/" and expr.type == "float":
+                    return f"attncc_div({left}, {right})"  # Triton's division (div.full)
             return f"({left} {op} {right})"
         case ir.Call(func="where", args=(cond, a, b)):
             then, other = cuda_expr(a, env), cuda_expr(b, env)
