@@ -2,6 +2,8 @@
 
 Run twice by gpu_suite.sh: first with empty caches (cold compile, Triton JIT included),
 then warm (a new process reusing the on-disk attncc and Triton caches).
+
+    python3 benchmarks/startup.py SPEC LABEL [profile]   (profile: cProfile of the timed part)
 """
 
 from __future__ import annotations
@@ -21,12 +23,23 @@ spec, label = sys.argv[1], sys.argv[2]
 q = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.bfloat16)
 kv = torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16)
 torch.cuda.synchronize()
+profile = None
+if "profile" in sys.argv[3:]:  # where a warm start's time goes: the top entries by cumtime
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
 ready = time.perf_counter()
 kernel = attncc.compile(spec)
 compiled = time.perf_counter()
 kernel(q, kv, kv)
 torch.cuda.synchronize()
 done = time.perf_counter()
+if profile is not None:
+    import pstats
+
+    profile.disable()
+    pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
 print(
     f"{label}: import {imported - start:.2f} s, CUDA context {ready - imported:.2f} s, "
     f"attncc.compile {compiled - ready:.3f} s, "
