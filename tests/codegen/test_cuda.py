@@ -151,13 +151,15 @@ def test_kernel_source_is_the_cuda_source() -> None:
 
 
 def test_fused_tiles_fit_registers_and_shared_memory() -> None:
-    """The host's fused tiles (per padded head dims and GPU): one block of 8 warps x 32 rows
-    (256 x 64) at D <= 128 on an H100/H200, one row tile a warp where two would not fit, and a
+    """The host's fused tiles (per padded head dims and GPU): two blocks of 4 warps x 32 rows
+    (128 x 64) at D <= 128 on an H100/H200 (one of 8 warps where shared memory holds one
+    block of 4 only), one row tile a warp where two would not fit, and a
     per-call override for sweeps that is checked like the defaults."""
     module = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
     hopper, ampere, small = 227 * 1024, 163 * 1024, 99 * 1024
-    assert module._fused_config(128, 128, hopper) == (8, 2, 64)
-    assert module._fused_config(64, 64, hopper) == (8, 2, 64)
+    assert module._fused_config(128, 128, hopper) == (4, 2, 64)
+    assert module._fused_config(64, 64, hopper) == (4, 2, 64)
+    assert module._fused_config(128, 128, ampere) == (8, 2, 64)
     assert module._fused_config(256, 256, hopper) == (4, 1, 32)
     assert module._fused_config(128, 128, small) == (4, 1, 32)
     dims = cuda_backend.PADDED_HEAD_DIMS
