@@ -354,14 +354,23 @@ class _Context:
         return names, host
 
     def runtime_ints(self, extra: tuple[str, ...] = ()) -> list[str]:
-        """Integer kernel parameters Triton must not specialize on: sizes and int params.
-        Triton compiles a new kernel for each int's "== 1" and "divisible by 16" cases, so a
-        batch of 8 after one of 16 (or of 1), or a new window size, would recompile every
-        launch configuration. Input and output strides stay specialized (their divisibility
-        vectorizes loads), but the log-sum-exp's outer strides are multiples of the query
-        length, so they are runtime values too (its row stride is always 1)."""
+        """Integer kernel parameters Triton must not specialize on: batch and head counts,
+        head dims, int params (a window) and the log-sum-exp's outer strides (multiples of
+        the query length). Triton compiles a new kernel for each int's "== 1" and "divisible
+        by 16" cases, so a batch of 8 after one of 16 (or of 1), or a new window, recompiled
+        every launch configuration. The query and key lengths stay specialized: their
+        divisibility by 16 is worth 13% to soft-capping (benchmarks/specialization_ab.py,
+        docs/performance.md), and costs one compile more for lengths off a multiple of 16.
+        Input and output strides stay specialized too: their divisibility vectorizes loads."""
         args = plan.launch_args(self.k)
-        sizes = [a.var for a in args if a.source in ("dim", "param") and a.type == "int"]
+        lengths = {cx.dim_var(self.k.key_axis.dim)}
+        if self.k.query_axis is not None:
+            lengths.add(cx.dim_var(self.k.query_axis.dim))
+        sizes = [
+            a.var
+            for a in args
+            if a.source in ("dim", "param") and a.type == "int" and a.var not in lengths
+        ]
         lse_strides = [a.var for a in args if a.source == "stride" and a.host.startswith("lse.")]
         return [*lse_strides[:-1], *sizes, *extra]
 
