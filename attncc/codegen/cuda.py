@@ -229,7 +229,47 @@ class _Context:
             rows, row_ok = [], "r < 1"
         values = self.mode(False, batch, rows, row_ok, None)
         values["rows"] = cx.dim_var(k.query_axis.dim) if k.query_axis else "1"
+        values["tile_index"] = self.tile_index(self.env(False))
+        if values["tile_index"] is not None:
+            # a tile takes the mask-free path only when its full bit says every separable
+            # mask holds (and no other residual mask exists): no mask is left to apply
+            values["mask_full"] = None
         return values
+
+    def tile_index(self, env: cu.CudaEnv) -> dict[str, Any] | None:
+        """The fused kernel's tile classification (ir.TileIndex, as the Triton backend's
+        index builder): value ranges of each separable mask's row and key sides, and the
+        live / full tests of a key tile. Integers compare as int64; a float side makes both
+        float, a NaN widening its range to everything (never dead through !=, never full)."""
+        index = self.k.tile_index
+        if index is None or self.query is None:
+            return None
+        masks, live, full = [], [], []
+        for i, sep in enumerate(index.masks):
+            exact = sep.row.type != "float" and sep.key.type != "float"
+            ctype = "long long" if exact else "float"
+            lo, hi = (
+                ("v", "v") if exact else ("(v == v ? v : -ATTNCC_INF)", "(v == v ? v : ATTNCC_INF)")
+            )
+            masks.append(
+                {
+                    "type": ctype,
+                    "row": f"({ctype})({cu.cuda_expr(sep.row, env)})",
+                    "key": f"({ctype})({cu.cuda_expr(sep.key, env)})",
+                    "lo": lo,
+                    "hi": hi,
+                    "lo_init": "0x7fffffffffffffffLL" if exact else "ATTNCC_INF",
+                    "hi_init": "(-0x7fffffffffffffffLL - 1)" if exact else "-ATTNCC_INF",
+                }
+            )
+            names = (f"row_lo_{i}", f"row_hi_{i}", f"key_lo_{i}", f"key_hi_{i}")
+            live.append(f"({plan.can_meet(sep.op, *names, logic=plan.CUDA_LOGIC)})")
+            full.append(f"({plan.always(sep.op, *names, logic=plan.CUDA_LOGIC)})")
+        return {
+            "masks": masks,
+            "live": " && ".join(live),
+            "full": " && ".join(full) if index.full else "false",
+        }
 
     def split_mode(self) -> dict[str, Any] | None:
         """Split-KV: one program per (chunk, batch entry and kv head); its rows are every
@@ -297,6 +337,7 @@ class _Context:
         decls, host_args = self.kernel_params()
         _, _, o_col = self.output_offsets()
         split = self.split_mode()
+        fused = self.fused_mode()
         query = k.query_axis
         group = k.group
         return {
@@ -305,7 +346,8 @@ class _Context:
             "doc": host.doc(k),
             "fused_fn": f"attncc_{self.name}_fwd",
             "rows_fn": f"attncc_{self.name}_rows",
-            "fused": self.fused_mode(),
+            "fused": fused,
+            "tile_index_masks": len(fused["tile_index"]["masks"]) if fused["tile_index"] else 0,
             "split": split,
             "kernel_params": decls,
             "launch_args": host_args,

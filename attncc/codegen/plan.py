@@ -123,3 +123,50 @@ def launch_args(kernel: ir.AttentionKernel) -> list[LaunchArg]:
         kind: Literal["int", "float"] = "float" if p.type == "float" else "int"
         args.append(LaunchArg(param_var(p.name), f"params[{p.name!r}]", "param", kind))
     return args
+
+
+# Tile tests of a separable mask ``row <op> key`` from the value ranges [row_lo, row_hi] of a
+# query tile's rows and [key_lo, key_hi] of a key tile's keys: Triton's element-wise
+# operators by default, C++'s logical ones for the CUDA backend.
+TRITON_LOGIC = ("&", "|", "~")
+CUDA_LOGIC = ("&&", "||", "!")
+
+
+def can_meet(
+    op: str,
+    row_lo: str,
+    row_hi: str,
+    key_lo: str,
+    key_hi: str,
+    logic: tuple[str, ...] = TRITON_LOGIC,
+) -> str:
+    """Whether some row value and some key value of the tile can satisfy ``row <op> key``."""
+    and_, _, not_ = logic
+    return {
+        "==": f"({key_hi} >= {row_lo}) {and_} ({key_lo} <= {row_hi})",
+        "!=": f"{not_}({always('==', row_lo, row_hi, key_lo, key_hi, logic)})",
+        "<": f"{row_lo} < {key_hi}",
+        "<=": f"{row_lo} <= {key_hi}",
+        ">": f"{row_hi} > {key_lo}",
+        ">=": f"{row_hi} >= {key_lo}",
+    }[op]
+
+
+def always(
+    op: str,
+    row_lo: str,
+    row_hi: str,
+    key_lo: str,
+    key_hi: str,
+    logic: tuple[str, ...] = TRITON_LOGIC,
+) -> str:
+    """Whether every row value and every key value of the tile satisfy ``row <op> key``."""
+    and_, or_, _ = logic
+    return {
+        "==": f"({row_lo} == {row_hi}) {and_} ({key_lo} == {key_hi}) {and_} ({row_lo} == {key_lo})",
+        "!=": f"({row_hi} < {key_lo}) {or_} ({key_hi} < {row_lo})",
+        "<": f"{row_hi} < {key_lo}",
+        "<=": f"{row_hi} <= {key_lo}",
+        ">": f"{row_lo} > {key_hi}",
+        ">=": f"{row_lo} >= {key_hi}",
+    }[op]

@@ -38,30 +38,6 @@ def _and(parts: list[str]) -> str | None:
     return " & ".join(f"({p})" for p in parts)
 
 
-def _can_meet(op: str, row_lo: str, row_hi: str, key_lo: str, key_hi: str) -> str:
-    """Whether some row value and some key value of the tile can satisfy ``row <op> key``."""
-    return {
-        "==": f"({key_hi} >= {row_lo}) & ({key_lo} <= {row_hi})",
-        "!=": f"~(({row_lo} == {row_hi}) & ({key_lo} == {key_hi}) & ({row_lo} == {key_lo}))",
-        "<": f"{row_lo} < {key_hi}",
-        "<=": f"{row_lo} <= {key_hi}",
-        ">": f"{row_hi} > {key_lo}",
-        ">=": f"{row_hi} >= {key_lo}",
-    }[op]
-
-
-def _always(op: str, row_lo: str, row_hi: str, key_lo: str, key_hi: str) -> str:
-    """Whether every row value and every key value of the tile satisfy ``row <op> key``."""
-    return {
-        "==": f"({row_lo} == {row_hi}) & ({key_lo} == {key_hi}) & ({row_lo} == {key_lo})",
-        "!=": f"({row_hi} < {key_lo}) | ({key_hi} < {row_lo})",
-        "<": f"{row_hi} < {key_lo}",
-        "<=": f"{row_hi} <= {key_lo}",
-        ">": f"{row_lo} > {key_hi}",
-        ">=": f"{row_lo} >= {key_hi}",
-    }[op]
-
-
 def _value_range(values: str, expr: str, exact: bool, axis: int, lo: str, hi: str) -> list[str]:
     """Lines giving ``lo``/``hi``, the min and max of ``expr`` along ``axis`` (no padding:
     callers clamp padded rows and keys onto real ones, which leaves min and max unchanged).
@@ -283,8 +259,8 @@ class _Context:
             key_lines += _value_range(
                 f"key_vals_{i}", cx.triton_expr(sep.key, keys), exact, 1, key_lo, key_hi
             )
-            live.append(f"({_can_meet(sep.op, row_lo, row_hi, key_lo, key_hi)})")
-            full.append(f"({_always(sep.op, row_lo, row_hi, key_lo, key_hi)})")
+            live.append(f"({plan.can_meet(sep.op, row_lo, row_hi, key_lo, key_hi)})")
+            full.append(f"({plan.always(sep.op, row_lo, row_hi, key_lo, key_hi)})")
         program, programs = "0", "1"
         for axis in index.axes:
             var, size = cx.index_var(axis.index), cx.dim_var(axis.dim)
