@@ -3,11 +3,12 @@
 # example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
 # Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [startup] [decode] [sweep] [cuda] [profile]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [startup] [decode] [sweep] [cuda] [cudacol] [profile]
 #   (default: tests check bench startup; `bench` is issue 4's whole matrix, resumable across
 #   calls; `quick` one shape a variant; `decode` the split-KV specs only: their GPU tests,
 #   checks and benchmarks; `sweep` every launch configuration of a few shapes; `cuda` the
 #   CUDA target alone, check of every example + prefill/decode bench, a few minutes;
+#   `cudacol` the matrix's CUDA column and Triton on the same shapes;
 #   `profile` Nsight Compute on the causal prefill of both targets)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -75,6 +76,15 @@ if has bench; then
     python3 benchmarks/matrix_table.py benchmarks/results/matrix.jsonl | tee "$OUT/matrix.md"
 fi
 
+if has cudacol; then
+    # the CUDA column of the matrix alone, beside the Triton target on the same shapes
+    # (resumable like `bench`: copy the file back to benchmarks/results/ between calls)
+    python3 benchmarks/matrix.py --column cuda --json benchmarks/results/cuda_column.jsonl \
+        --budget "${BUDGET_S:-300}" --log "$OUT/cuda_column.log" | tee -a "$OUT/bench.log"
+    cp benchmarks/results/cuda_column.jsonl "$OUT/cuda_column.jsonl"
+    python3 benchmarks/matrix_table.py benchmarks/results/cuda_column.jsonl | tee "$OUT/cuda_column.md"
+fi
+
 if has sweep; then
     # every launch configuration of a few shapes: is the candidate list right, does TMA pay
     for args in "causal 4,16,4096,128" "fused 4,16,4096,128" "decode 1,32:8,8192,128" \
@@ -125,14 +135,20 @@ fi
 if has cuda; then
     # the CUDA target: every example against the reference (NVRTC compiles are cached on
     # disk per variant), then prefill and decode beside Triton and SDPA (flash)
-    timeout 300 python3 benchmarks/cuda_smoke.py 2>&1 | tee "$OUT/cuda_smoke.log"
-    for spec in examples/*.attn; do
+    [ -n "${CUDA_SMOKE:-}" ] && timeout 300 python3 benchmarks/cuda_smoke.py 2>&1 | tee "$OUT/cuda_smoke.log"
+    # the checks (NVRTC compiles are CPU work) run 5 at a time beside the GPU tests
+    check_one() {
         sched=""
-        [ "$(basename "$spec")" = naive.attn ] && sched="--schedule fused"  # no naive CUDA kernels
-        ATTNCC_AUTOTUNE=0 timeout 120 python3 -m attncc check "$spec" --device cuda --target cuda $sched --trials 4 --max-len 512 || echo "CHECK FAILED: $spec"
-    done > "$OUT/cuda_check.log" 2>&1
-    grep -E "passed|FAILED|Error|error:" "$OUT/cuda_check.log" | head -60
-    ATTNCC_AUTOTUNE=0 timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_gpu_cuda.py -x -k "not example_matches" 2>&1 | tee "$OUT/cuda_gpu_tests.log" | tail -15
+        [ "$(basename "$1")" = naive.attn ] && sched="--schedule fused"  # no naive CUDA kernels
+        ATTNCC_AUTOTUNE=0 timeout 200 python3 -m attncc check "$1" --device cuda --target cuda $sched --trials 4 --max-len 512 > "/tmp/cuda_check_$(basename "$1").log" 2>&1 || echo "CHECK FAILED: $1" >> "/tmp/cuda_check_$(basename "$1").log"
+    }
+    export -f check_one
+    ls examples/*.attn | xargs -P 5 -I{} bash -c 'check_one {}' &
+    ATTNCC_AUTOTUNE=0 timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_gpu_cuda.py -k "not example_matches" > "$OUT/cuda_gpu_tests.log" 2>&1
+    wait
+    for spec in examples/*.attn; do echo "== $spec"; cat "/tmp/cuda_check_$(basename "$spec").log"; done > "$OUT/cuda_check.log"
+    grep -E "^==|passed|FAILED|Error|error:" "$OUT/cuda_check.log" | head -60
+    tail -15 "$OUT/cuda_gpu_tests.log"
     for target in cuda triton; do
         ATTNCC_AUTOTUNE=0 python3 -m attncc bench examples/causal.attn --shapes "4,16,4096,128" --target $target --against sdpa-flash --json "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/bench.log"
         ATTNCC_AUTOTUNE=0 python3 -m attncc bench examples/decode.attn --shapes "8,32:8,8192,128" --target $target --against sdpa-flash --json "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/bench.log"

@@ -41,6 +41,7 @@ VARIANTS = ("causal", "fused", "sliding_window", "alibi", "softcap", "document_m
 # the CUDA target's column: bf16 at 4k (D=128) for every variant, and decode
 CUDA_SHAPES = {"gqa_causal": ("4,32:8,4096,128",), "decode": tuple(DECODE[:2])}
 CUDA_SHAPES["paged_decode"] = CUDA_SHAPES["decode"]
+CUDA_SHAPES["document_mask"] = ("4,16,4096,128", "1,16,16384,128")
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,16 @@ def matrix(dtypes: list[str]) -> list[Job]:
             for spec in (*VARIANTS, "gqa_causal", "decode", "paged_decode"):
                 jobs.append(Job(spec, "bf16", CUDA_SHAPES.get(spec, ("4,16,4096,128",)), "cuda"))
     jobs += [Job(spec, "bf16", tuple(DECODE)) for spec in ("decode", "paged_decode")]
+    return jobs
+
+
+def cuda_column() -> list[Job]:
+    """The CUDA column alone, with the Triton target on the same shapes (a short call after
+    a change to the CUDA kernels: `--column cuda`)."""
+    jobs = []
+    for spec in (*VARIANTS, "gqa_causal", "decode", "paged_decode"):
+        shapes = CUDA_SHAPES.get(spec, ("4,16,4096,128",))
+        jobs += [Job(spec, "bf16", shapes, "cuda"), Job(spec, "bf16", shapes)]
     return jobs
 
 
@@ -175,11 +186,13 @@ def main() -> int:
     parser.add_argument("--warm-share", type=float, default=0.35)
     parser.add_argument("--workers", type=int, default=0, help="warm processes (0: by cores)")
     parser.add_argument("--only", default="bf16,fp16", help="dtypes, comma separated")
+    parser.add_argument("--column", choices=["cuda"], help="only the CUDA column (both targets)")
     parser.add_argument("--log", default=os.environ.get("OUT", "/tmp") + "/matrix.log")
     args = parser.parse_args()
     began = time.time()
     gpus = [str(i) for i in range(gpu_count())]
-    jobs = pending(matrix(args.only.split(",")), args.json)
+    wanted = cuda_column() if args.column else matrix(args.only.split(","))
+    jobs = pending(wanted, args.json)
     workers = args.workers or max(1, min(24, (os.cpu_count() or 4) - 2))
     with open(args.log, "a") as log:
         warm_deadline = began + args.budget * args.warm_share

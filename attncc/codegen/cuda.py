@@ -230,11 +230,33 @@ class _Context:
         values = self.mode(False, batch, rows, row_ok, None)
         values["rows"] = cx.dim_var(k.query_axis.dim) if k.query_axis else "1"
         values["tile_index"] = self.tile_index(self.env(False))
+        values["hoisted"] = None
         if values["tile_index"] is not None:
             # a tile takes the mask-free path only when its full bit says every separable
             # mask holds (and no other residual mask exists): no mask is left to apply
             values["mask_full"] = None
+            values["hoisted"] = self.hoisted_sides(self.env(False))
         return values
+
+    def hoisted_sides(self, env: cu.CudaEnv) -> dict[str, Any]:
+        """Partial tiles of the fused kernel read each separable mask's sides once: the key
+        side once per key of the thread's fragment (``kv<i>[j][e]``), the row side once per
+        row (``rv<i>``), not both once per score (a document id is a global load: 128 of
+        them a thread and tile before). The comparisons themselves render unchanged."""
+        index = self.k.tile_index
+        assert index is not None
+        rows, keys, values = [], [], {}
+        for i, sep in enumerate(index.masks):
+            rows.append({"name": f"rv{i}", "expr": cu.cuda_expr(sep.row, env)})
+            keys.append(
+                {"name": f"kv{i}", "fn": f"key_side{i}", "expr": cu.cuda_expr(sep.key, env)}
+            )
+            values[sep.row] = f"rv{i}"
+            values[sep.key] = f"kv{i}[j][e]"
+        hoisted = cu.CudaEnv(env.indices, env.tensors, env.bounded, env.score, values)
+        mask = [f"{self.key_var} < key_size"]
+        mask += [f"({cu.cuda_expr(m, hoisted)})" for m in self.k.masks]
+        return {"row_sides": rows, "key_sides": keys, "mask": " && ".join(mask)}
 
     def tile_index(self, env: cu.CudaEnv) -> dict[str, Any] | None:
         """The fused kernel's tile classification (ir.TileIndex, as the Triton backend's

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from attncc.codegen.exprs import dim_var, param_var, stride_var, tensor_var
 from attncc.ir import nodes as ir
@@ -49,13 +49,15 @@ class CudaEnv:
     """How names read in device code: each index is a C++ variable (or expression).
 
     ``bounded`` indices may run past their dim (padded query rows, keys past the end):
-    loads through them are guarded, as in the Triton backend.
+    loads through them are guarded, as in the Triton backend. ``values`` are subexpressions
+    the kernel has already computed into variables (read by name, not recomputed).
     """
 
     indices: Mapping[str, str]
     tensors: Mapping[str, ir.TensorArg]
     bounded: frozenset[str] = frozenset()
     score: str = "s"
+    values: Mapping[ir.Expr, str] = field(default_factory=dict)
 
 
 def float_literal(value: float) -> str:
@@ -68,6 +70,8 @@ def float_literal(value: float) -> str:
 
 
 def cuda_expr(expr: ir.Expr, env: CudaEnv) -> str:
+    if expr in env.values:
+        return env.values[expr]
     match expr:
         case ir.Const(value=value, type=t):
             if isinstance(value, bool) or t == "bool":

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from attncc.cache import atomic_write, cache_dir, content_key
+from attncc.runtime import triton_key
 
 _LOADED: dict[tuple[Path, bool], ModuleType] = {}
 
@@ -56,5 +57,7 @@ def load_module(path: Path, interpreted: bool) -> ModuleType:
     sys.modules[module_name] = module
     with interpreter(interpreted):
         spec.loader.exec_module(module)
+    if not interpreted and "triton" in sys.modules:
+        triton_key.install()  # its first compile or cache hit then skips hashing libtriton
     _LOADED[key] = module
     return module

@@ -127,3 +127,12 @@ def test_copy_anchor_moves_as_many_bytes_as_the_kernel_reads() -> None:
     dst = copy_runner(1000, torch.device("cpu"))()
     # half read, half written: 1000 bytes of traffic
     assert dst.numel() * dst.element_size() == 500
+
+
+def test_the_cuda_column_alone_pairs_each_cuda_job_with_triton_on_its_shapes() -> None:
+    matrix = _matrix_module()
+    column = matrix.cuda_column()
+    cuda = {(j.spec, j.shapes) for j in column if j.target == "cuda"}
+    assert cuda == {(j.spec, j.shapes) for j in column if j.target == "triton"}
+    in_matrix = {(j.spec, j.shapes) for j in matrix.matrix(["bf16"]) if j.target == "cuda"}
+    assert cuda == in_matrix

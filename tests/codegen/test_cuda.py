@@ -273,6 +273,24 @@ def test_loads_are_bounded_only_through_row_and_key_indices() -> None:
     assert cuda_expr(slope, env()) == "(to_float(t_slopes[(i_h) * s_slopes_0]))"
 
 
+def test_precomputed_values_are_read_by_name() -> None:
+    row = ir.Load("doc", (ir.Index("b"), ir.Index("m")), "int")
+    key = ir.Load("doc", (ir.Index("b"), ir.Index("n")), "int")
+    same = ir.BinOp("==", row, key, "bool")
+    known = CudaEnv(env().indices, env().tensors, values={row: "rv0", key: "kv0[j][e]"})
+    assert cuda_expr(same, known) == "(rv0 == kv0[j][e])"
+    assert "t_doc" in cuda_expr(same, env())
+
+
+def test_document_mask_partial_tiles_read_each_document_id_once() -> None:
+    """Partial tiles compare precomputed document ids: the row's once a row, the key's once a
+    key of the thread's fragment (per score, each was a global load)."""
+    source = build(EXAMPLES / "document_mask.attn", target="cuda").source
+    fused = source.split("attncc_document_mask_fwd(", 1)[1].split("attncc_document_mask_rows(")[0]
+    assert "if (!(i_n < key_size && ((((rv0 == kv0[j][e])) && ((i_m >= i_n)))))) s2" in fused
+    assert fused.count("kv0[j][e] = key_side0(n0 + j * 8 + t4 * 2 + e);") == 1
+
+
 def test_special_float_literals() -> None:
     assert float_literal(float("inf")) == "__int_as_float(0x7f800000)"
     assert float_literal(float("-inf")) == "__int_as_float(0xff800000)"
