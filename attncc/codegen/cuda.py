@@ -240,19 +240,19 @@ class _Context:
 
     def hoisted_sides(self, env: cu.CudaEnv) -> dict[str, Any]:
         """Partial tiles of the fused kernel read each separable mask's sides once: the key
-        side once per key of the thread's fragment (``kv<i>[j][e]``), the row side once per
-        row (``rv<i>``), not both once per score (a document id is a global load: 128 of
+        side once per key of the thread's fragment (``kv<i>``), the row side once per row
+        (``rv<i>[mt][h]``), not both once per score (a document id is a global load: 128 of
         them a thread and tile before). The comparisons themselves render unchanged."""
         index = self.k.tile_index
         assert index is not None
         rows, keys, values = [], [], {}
         for i, sep in enumerate(index.masks):
-            rows.append({"name": f"rv{i}", "expr": cu.cuda_expr(sep.row, env)})
-            keys.append(
-                {"name": f"kv{i}", "fn": f"key_side{i}", "expr": cu.cuda_expr(sep.key, env)}
+            rows.append(
+                {"name": f"rv{i}", "fn": f"row_side{i}", "expr": cu.cuda_expr(sep.row, env)}
             )
-            values[sep.row] = f"rv{i}"
-            values[sep.key] = f"kv{i}[j][e]"
+            keys.append({"name": f"kv{i}", "expr": cu.cuda_expr(sep.key, env)})
+            values[sep.row] = f"rv{i}[mt][h]"
+            values[sep.key] = f"kv{i}"
         hoisted = cu.CudaEnv(env.indices, env.tensors, env.bounded, env.score, values)
         mask = [f"{self.key_var} < key_size"]
         mask += [f"({cu.cuda_expr(m, hoisted)})" for m in self.k.masks]

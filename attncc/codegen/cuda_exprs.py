@@ -16,7 +16,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from attncc.codegen.exprs import dim_var, param_var, stride_var, tensor_var
+from attncc.codegen.exprs import (
+    dim_var,
+    divisor_vars,
+    fast_division,
+    param_var,
+    stride_var,
+    tensor_var,
+)
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of
 
@@ -91,6 +98,12 @@ def cuda_expr(expr: ir.Expr, env: CudaEnv) -> str:
             return f"(-{cuda_expr(x, env)})"
         case ir.Unary(op="not", operand=x):
             return f"(!({cuda_expr(x, env)}))"
+        case ir.BinOp(op=op, left=a, right=b) if fast_division(expr):
+            magic, shift = divisor_vars(b.name)  # type: ignore[union-attr]
+            left = cuda_expr(a, env)
+            if op == "/":
+                return f"attncc_udiv({left}, {magic}, {shift})"
+            return f"attncc_umod({left}, {cuda_expr(b, env)}, {magic}, {shift})"
         case ir.BinOp(op=op, left=a, right=b):
             left, right = cuda_expr(a, env), cuda_expr(b, env)
             if op == "and":

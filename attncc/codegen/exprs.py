@@ -43,6 +43,53 @@ def stride_var(name: str, axis: int) -> str:
     return f"s_{safe_name(name)}_{axis}"
 
 
+def divisor_vars(dim: str) -> tuple[str, str]:
+    """The magic multiplier and shift a kernel divides by ``dim`` with (``fast_division``)."""
+    return f"dmul_{safe_name(dim)}", f"dshift_{safe_name(dim)}"
+
+
+def fast_division(expr: ir.Expr) -> bool:
+    """An integer ``/`` or ``%`` of a non-negative index expression by a dim (a paged cache's
+    ``n / PAGE``, ``n % PAGE``). Kernels compute it with a multiply-high by host-computed
+    magic numbers (``_divisor_magic``) instead of an integer division, which GPUs emulate in
+    ~25 instructions: per key of a paged cache, that was half of the gap to a contiguous
+    cache at batch 1 (docs/performance.md). Valid for dividends in [0, 2^31)."""
+    return (
+        isinstance(expr, ir.BinOp)
+        and expr.op in ("/", "%")
+        and expr.type == "int"
+        and isinstance(expr.right, ir.Dim)
+        and non_negative(expr.left)
+        and _reads_index(expr.left)
+    )
+
+
+def _reads_index(expr: ir.Expr) -> bool:
+    """Varies with an index (per row or key: where a division's cost adds up; a division of
+    constants and dims is one scalar instruction sequence a program)."""
+    match expr:
+        case ir.Index():
+            return True
+        case ir.BinOp(left=a, right=b):
+            return _reads_index(a) or _reads_index(b)
+    return False
+
+
+def non_negative(expr: ir.Expr) -> bool:
+    """Provably >= 0 in every kernel: indices, dims, non-negative constants, and sums,
+    products and fast divisions of those."""
+    match expr:
+        case ir.Index() | ir.Dim():
+            return True
+        case ir.Const(value=value, type="int"):
+            return not isinstance(value, bool) and int(value) >= 0
+        case ir.BinOp(op="+" | "*", left=a, right=b):
+            return non_negative(a) and non_negative(b)
+        case ir.BinOp():
+            return fast_division(expr)
+    return False
+
+
 _TRITON_FUNCS = {
     "exp": "tl.exp",
     "log": "tl.log",
@@ -122,6 +169,11 @@ def triton_expr(expr: ir.Expr, env: TritonEnv) -> str:
                 return f"(({left}) & ({right}))"
             if op == "or":
                 return f"(({left}) | ({right}))"
+            if fast_division(expr):
+                magic, shift = divisor_vars(b.name)  # type: ignore[union-attr]
+                if op == "/":
+                    return f"_udiv({left}, {magic}, {shift})"
+                return f"_umod({left}, {right}, {magic}, {shift})"
             if op == "/" and expr.type == "int":
                 return f"({left} // {right})"  # Triton's integer // truncates toward zero
             return f"({left} {op} {right})"

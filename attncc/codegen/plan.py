@@ -6,10 +6,18 @@ The Triton and CUDA backends render these into their own syntax; neither re-deri
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Literal
 
-from attncc.codegen.exprs import dim_var, param_var, stride_var, tensor_var
+from attncc.codegen.exprs import (
+    dim_var,
+    divisor_vars,
+    fast_division,
+    param_var,
+    stride_var,
+    tensor_var,
+)
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of
 
@@ -81,7 +89,7 @@ def key_range(plan: ir.MaskPlan) -> dict[str, tuple[list[tuple[ir.KeyBound, str]
     }
 
 
-ArgSource = Literal["tensor", "stride", "output", "lse", "dim", "param"]
+ArgSource = Literal["tensor", "stride", "output", "lse", "dim", "divisor", "param"]
 
 
 @dataclass(frozen=True)
@@ -119,10 +127,36 @@ def launch_args(kernel: ir.AttentionKernel) -> list[LaunchArg]:
         args.append(LaunchArg(f"lse_stride_{axis}", f"lse.stride({axis})", "stride", "int"))
     for dim in kernel.dims:
         args.append(LaunchArg(dim_var(dim), f"sizes[{dim!r}]", "dim", "int"))
+    for dim in divisor_dims(kernel):
+        magic, shift = divisor_vars(dim)
+        args.append(LaunchArg(magic, f"_divisor_magic(sizes[{dim!r}])[0]", "divisor", "int"))
+        args.append(LaunchArg(shift, f"_divisor_magic(sizes[{dim!r}])[1]", "divisor", "int"))
     for p in kernel.params:
         kind: Literal["int", "float"] = "float" if p.type == "float" else "int"
         args.append(LaunchArg(param_var(p.name), f"params[{p.name!r}]", "param", kind))
     return args
+
+
+def divisor_dims(kernel: ir.AttentionKernel) -> tuple[str, ...]:
+    """Dims some expression of the kernel divides by with ``fast_division``: each gets a
+    magic multiplier and a shift argument."""
+    found: dict[str, None] = {}
+    for expr in _expressions(kernel):
+        if fast_division(expr):
+            found[expr.right.name] = None  # type: ignore[union-attr]
+    return tuple(found)
+
+
+def _expressions(node: object) -> Iterator[ir.Expr]:
+    """Every expression node reachable from ``node`` (IR dataclasses, tuples)."""
+    if isinstance(node, tuple):
+        for item in node:
+            yield from _expressions(item)
+    elif is_dataclass(node) and not isinstance(node, type):
+        if isinstance(node, ir.Expr):
+            yield node
+        for f in fields(node):
+            yield from _expressions(getattr(node, f.name))
 
 
 # Tile tests of a separable mask ``row <op> key`` from the value ranges [row_lo, row_hi] of a

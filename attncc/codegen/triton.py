@@ -345,7 +345,7 @@ class _Context:
         sizes = [
             a.var
             for a in args
-            if a.source in ("dim", "param") and a.type == "int" and a.var not in lengths
+            if a.source in ("dim", "divisor", "param") and a.type == "int" and a.var not in lengths
         ]
         lse_strides = [a.var for a in args if a.source == "stride" and a.host.startswith("lse.")]
         return [*lse_strides[:-1], *sizes, *extra]

@@ -235,7 +235,11 @@ def test_integer_arithmetic_stays_integer_and_truncates() -> None:
     expr = ir.BinOp("/", ir.BinOp("-", m, n, "int"), ir.Const(2, "int"), "int")
     assert cuda_expr(expr, env()) == "((i_m - i_n) / 2)"
     mod = ir.BinOp("%", n, ir.Dim("PAGE"), "int")
-    assert cuda_expr(mod, env()) == "(i_n % d_PAGE)"
+    assert cuda_expr(mod, env()) == "attncc_umod(i_n, d_PAGE, dmul_PAGE, dshift_PAGE)"
+    page = ir.BinOp("/", n, ir.Dim("PAGE"), "int")
+    assert cuda_expr(page, env()) == "attncc_udiv(i_n, dmul_PAGE, dshift_PAGE)"
+    signed = ir.BinOp("%", ir.BinOp("-", m, n, "int"), ir.Dim("PAGE"), "int")
+    assert cuda_expr(signed, env()) == "((i_m - i_n) % d_PAGE)"  # may be negative: C's %
 
 
 def test_floats_promote_ints_and_use_float_functions() -> None:
@@ -287,8 +291,9 @@ def test_document_mask_partial_tiles_read_each_document_id_once() -> None:
     key of the thread's fragment (per score, each was a global load)."""
     source = build(EXAMPLES / "document_mask.attn", target="cuda").source
     fused = source.split("attncc_document_mask_fwd(", 1)[1].split("attncc_document_mask_rows(")[0]
-    assert "if (!(i_n < key_size && ((((rv0 == kv0[j][e])) && ((i_m >= i_n)))))) s2" in fused
-    assert fused.count("kv0[j][e] = key_side0(n0 + j * 8 + t4 * 2 + e);") == 1
+    assert "if (!(i_n < key_size && ((((rv0[mt][h] == kv0)) && ((i_m >= i_n)))))) s2" in fused
+    assert fused.count("rv0[mt][h] = row_side0(wr0 + mt * 16 + g + 8 * h);") == 1
+    assert fused.count("const auto kv0 = ") == 1
 
 
 def test_special_float_literals() -> None:
