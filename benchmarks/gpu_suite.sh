@@ -31,7 +31,12 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 
 if has startup; then
     # cold: empty attncc and Triton caches (without, then with autotuning);
-    # warm: a new process reusing both caches, which must not tune again
+    # warm: a new process reusing both caches, which must not tune again.
+    # With Python's bytecode cache on, as on a normal install: the GPU machine sets
+    # PYTHONDONTWRITEBYTECODE, and every process then recompiled the modules Triton and
+    # torch import lazily from source (0.15-0.2 s of a warm start, session 6)
+    unset PYTHONDONTWRITEBYTECODE
+    export PYTHONPYCACHEPREFIX=/tmp/startup_pycache
     export ATTNCC_CACHE_DIR=/tmp/startup_cache/attncc TRITON_CACHE_DIR=/tmp/startup_cache/triton
     rm -rf /tmp/startup_cache
     ATTNCC_AUTOTUNE=0 python3 benchmarks/startup.py examples/gqa_causal.attn cold-no-autotune | tee -a "$OUT/startup.log"
