@@ -7,7 +7,6 @@ launch configurations are timed with `do_bench`.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 
@@ -18,6 +17,7 @@ import attncc
 from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for
 from attncc.cache import cache_dir
 from attncc.runtime.autotune import PREFILL_CANDIDATES, _as_launch
+from attncc.runtime.jit import load_module
 
 spec, shape_text = sys.argv[1], sys.argv[2]
 kernel = attncc.compile(spec)
@@ -43,10 +43,7 @@ for label, keep in variants.items():
     patched = source.replace(fwd.group(0), fwd.group(0).replace(fwd.group(1), listed))
     path = cache_dir() / "modules" / f"ab_{abs(hash(label))}_{kernel.path.name}"
     path.write_text(patched)
-    module_spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    module = load_module(path, interpreted=False)
     tensors, bound = module._bind([inputs[n] for n in kernel.input_names], {})
     full = {**params, **bound}
     times = []

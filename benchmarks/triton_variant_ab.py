@@ -11,7 +11,6 @@ Decode-sized calls are timed as CUDA-graph replays over rotating input copies (c
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
@@ -21,6 +20,7 @@ import attncc
 from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for
 from attncc.cache import cache_dir
 from attncc.runtime.autotune import Tuner
+from attncc.runtime.jit import load_module
 from attncc.runtime.timing import cold_copies, median_ms
 
 spec, shape_text, variants_path = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -48,10 +48,7 @@ for label, replacements in variants.items():
         patched = patched.replace(old, new)
     path = cache_dir() / "modules" / f"ab{len(label)}_{abs(hash(label))}_{kernel.path.name}"
     path.write_text(patched)
-    module_spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    module = load_module(path, interpreted=False)
     times = []
     for config in configs:
         runs = []

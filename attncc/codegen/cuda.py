@@ -253,10 +253,8 @@ class _Context:
             keys.append({"name": f"kv{i}", "expr": cu.cuda_expr(sep.key, env)})
             values[sep.row] = f"rv{i}[mt][h]"
             values[sep.key] = f"kv{i}"
-        hoisted = cu.CudaEnv(env.indices, env.tensors, env.bounded, env.score, values)
-        mask = [f"{self.key_var} < key_size"]
-        mask += [f"({cu.cuda_expr(m, hoisted)})" for m in self.k.masks]
-        return {"row_sides": rows, "key_sides": keys, "mask": " && ".join(mask)}
+        mask, _ = self.masks(cu.CudaEnv(env.indices, env.tensors, env.bounded, env.score, values))
+        return {"row_sides": rows, "key_sides": keys, "mask": mask}
 
     def tile_index(self, env: cu.CudaEnv) -> dict[str, Any] | None:
         """The fused kernel's tile classification (ir.TileIndex, as the Triton backend's

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from attncc.ir import nodes as ir
+from attncc.ir.verify import indices_of
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
 
@@ -60,19 +61,9 @@ def fast_division(expr: ir.Expr) -> bool:
         and expr.type == "int"
         and isinstance(expr.right, ir.Dim)
         and non_negative(expr.left)
-        and _reads_index(expr.left)
+        # per row or key, where a division's cost adds up (one of dims is a scalar a program)
+        and bool(indices_of(expr.left))
     )
-
-
-def _reads_index(expr: ir.Expr) -> bool:
-    """Varies with an index (per row or key: where a division's cost adds up; a division of
-    constants and dims is one scalar instruction sequence a program)."""
-    match expr:
-        case ir.Index():
-            return True
-        case ir.BinOp(left=a, right=b):
-            return _reads_index(a) or _reads_index(b)
-    return False
 
 
 def non_negative(expr: ir.Expr) -> bool:
@@ -184,8 +175,6 @@ def triton_expr(expr: ir.Expr, env: TritonEnv) -> str:
 
 def _needs_bounds(sub: ir.Expr, env: TritonEnv) -> bool:
     """Plain batch indices are in range by construction; anything else is checked."""
-    from attncc.ir.verify import indices_of
-
     if isinstance(sub, ir.Index) and sub.name not in env.vector_indices:
         return False
     return bool(indices_of(sub) & env.vector_indices) or not isinstance(sub, ir.Index)

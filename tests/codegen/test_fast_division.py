@@ -3,9 +3,7 @@ computes, in both backends; anything that may be negative keeps the plain operat
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -62,13 +60,7 @@ def test_only_the_paged_example_passes_magic_numbers() -> None:
 @pytest.fixture(scope="module")
 def divisor_magic() -> object:
     """The host helper as the generated module defines it."""
-    path = attncc.compile(EXAMPLES / "paged_decode.attn").path
-    spec = importlib.util.spec_from_file_location("fast_division_host", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module._divisor_magic
+    return attncc.compile(EXAMPLES / "paged_decode.attn").module(False)._divisor_magic
 
 
 def kernel_quotient(value: int, magic: int, shift: int) -> int:
