@@ -84,6 +84,8 @@ class Row:
     # wall seconds of each step (first call: compile and tuning; anchors: their compiles
     # included): where a matrix run's device time goes
     seconds: dict[str, float] = field(default_factory=dict)
+    # the launch configuration the Triton target ran (tuned or cached; None: the default)
+    config: dict[str, int] | None = None
 
 
 def sizes_for(kernel: ir.AttentionKernel, shape: Shape, page: int = 16) -> dict[str, int]:
@@ -391,6 +393,7 @@ def bench_spec(
         tbps = kv_bytes * fraction / (ms * 1e-3) / 1e12 if kernel.ir.query_axis is None else None
         row = Row(label, str(shape), dtype, ms, flops / (ms * 1e-3) / 1e12, tbps)
         row.seconds = {"first_call": first, "measure": measured - began - first}
+        row.config = kernel.tuner.last if target == "triton" else None
         _reset_dynamo()
         per_copy = [anchor_runners(kernel.ir, c, sizes, params, against, fraction) for c in copies]
         if "copy" in against:
@@ -448,6 +451,7 @@ def format_rows(rows: list[Row], against: list[str]) -> str:
     header = ["spec", "shape", "dtype", "ms", "TFLOP/s", "TB/s"]  # TB/s: K and V bytes read
     for name in against:
         header += [name, f"x{name}"]
+    header.append("config")
     table = [header]
     for r in rows:
         line = [r.spec, r.shape, r.dtype, f"{r.ms:.3f}", f"{r.tflops:.1f}"]
@@ -455,8 +459,19 @@ def format_rows(rows: list[Row], against: list[str]) -> str:
         for name in against:
             value = r.anchors.get(name)
             line += ["-", "-"] if value is None else [f"{value:.1f}", f"{r.tflops / value:.2f}"]
+        line.append(config_text(r.config))
         table.append(line)
     return format_table(table)
+
+
+def config_text(config: dict[str, int] | None) -> str:
+    """A launch configuration in a table cell: ``64x64/w4/s3/tma`` (``default``: untuned)."""
+    if config is None:
+        return "default"
+    text = f"{config['BLOCK_M']}x{config['BLOCK_N']}/w{config['num_warps']}/s{config['num_stages']}"
+    extras = [f"waves{config['waves']}"] if "waves" in config else []
+    extras += ["tma"] if config.get("tma") else []
+    return "/".join([text, *extras])
 
 
 def main(args: argparse.Namespace) -> int:

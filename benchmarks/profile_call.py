@@ -1,12 +1,15 @@
 """One kernel under a profiler: a few calls of a spec on one shape with the default
-configuration (no tuning), for `ncu` to pick a launch of (see `gpu_suite.sh profile`).
+configuration (no tuning), or the launch configuration given as JSON (Triton target), for
+`ncu` to pick a launch of (see `gpu_suite.sh profile`). `flex` calls the FlexAttention anchor
+of the same spec instead (its kernel: `--kernel-name regex:tem`).
 
     ncu --kernel-name regex:fwd --launch-skip 3 --launch-count 1 \
-        python3 benchmarks/profile_call.py SPEC "B,H:KVH,S,D" [triton|cuda]
+        python3 benchmarks/profile_call.py SPEC "B,H:KVH,S,D" [triton|cuda|flex] [CONFIG_JSON]
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -15,15 +18,27 @@ import torch
 os.environ.setdefault("ATTNCC_AUTOTUNE", "0")
 
 import attncc
-from attncc.bench import Shape, bench_inputs, sizes_for
+from attncc.bench import Shape, anchor_runners, bench_inputs, sizes_for
 
 spec, shape_text = sys.argv[1], sys.argv[2]
 target = sys.argv[3] if len(sys.argv) > 3 else "triton"
-kernel = attncc.compile(spec, target=target)
+kernel = attncc.compile(spec, target="cuda" if target == "cuda" else "triton")
 sizes = sizes_for(kernel.ir, Shape.parse(shape_text))
 inputs = bench_inputs(kernel.ir, sizes, torch.bfloat16, documents=4)
 args = [inputs[name] for name in kernel.input_names]
+config = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
+if target == "flex":
+    flex = anchor_runners(kernel.ir, inputs, sizes, kernel.param_defaults(sizes), ["flex"], 1.0)
+    call = flex["flex"]
+    assert call is not None
+elif config is None:
+    call = lambda: kernel(*args)  # noqa: E731
+else:
+    module = kernel.module(interpreted=False)
+    tensors, bound = module._bind(args, {})
+    params = {**kernel.param_defaults(sizes), **bound}
+    call = lambda: module._forward(tensors, params, False, config)  # noqa: E731
 for _ in range(6):
-    kernel(*args)
+    call()
 torch.cuda.synchronize()
-print(f"profiled {kernel.name} {shape_text} [{target}]")
+print(f"profiled {kernel.name} {shape_text} [{target}] {config or 'default configuration'}")

@@ -47,8 +47,8 @@ for label, keep in variants.items():
     tensors, bound = module._bind([inputs[n] for n in kernel.input_names], {})
     full = {**params, **bound}
     times = []
-    for tile, tma in PREFILL_CANDIDATES:
-        launch = _as_launch(tile, tma=int(tma))
+    for tile in PREFILL_CANDIDATES:
+        launch = _as_launch(tile, tma=int(tile.tma))
         try:
             module._forward(tensors, full, False, launch)
             ms = triton.testing.do_bench(

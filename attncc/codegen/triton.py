@@ -524,6 +524,7 @@ class _Context:
                     "block_n": c.block_n,
                     "num_warps": c.num_warps,
                     "num_stages": c.num_stages,
+                    "tma": int(c.tma),
                 }
                 for max_head_dim, c in k.tiling.rules
             ],

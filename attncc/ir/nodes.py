@@ -138,12 +138,14 @@ class Output:
 
 @dataclass(frozen=True, slots=True)
 class TileConfig:
-    """One launch configuration: tile sizes, warps per program, software-pipeline depth."""
+    """One launch configuration: tile sizes, warps per program, software-pipeline depth, and
+    whether K/V tiles are TMA copies where the GPU and the tensors' layout allow (Triton)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    tma: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,7 +93,7 @@ def kernel_str(kernel: ir.AttentionKernel) -> str:
             bucket = f"head dim <= {max_head_dim}" if max_head_dim else "any head dim"
             lines.append(
                 f"  tiling ({bucket}) block_m={c.block_m} block_n={c.block_n}"
-                f" num_warps={c.num_warps} num_stages={c.num_stages}"
+                f" num_warps={c.num_warps} num_stages={c.num_stages}" + (" tma" if c.tma else "")
             )
     if kernel.mask_plan is not None:
         plan = kernel.mask_plan

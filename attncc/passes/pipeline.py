@@ -24,7 +24,7 @@ def default_passes(
 ) -> list[Pass]:
     """The pipeline; the tiling options pin a block size, warps or stages in every rule."""
     tile = Tile(block_m, block_n, num_warps, num_stages)
-    return [GqaMapping(), MaskAnalysis(), ChooseSchedule(schedule), tile, BuildTileIndex()]
+    return [GqaMapping(), MaskAnalysis(), ChooseSchedule(schedule), BuildTileIndex(), tile]
 
 
 PASS_NAMES = tuple(p.name for p in default_passes())

@@ -21,18 +21,18 @@ from attncc.cache import atomic_write, cache_dir
 from attncc.ir.nodes import AttentionKernel, TileConfig
 from attncc.runtime.timing import cold_copies
 
-# prefill: tile and whether K/V tiles are TMA copies (where the layout allows); from
+# prefill tiles, some with K/V tiles as TMA copies (where the layout allows); from
 # benchmarks/sweep.py on an H200 (docs/performance.md). 128x128x8x2 with TMA is left out:
 # ptxas (CUDA 13.0) crashes on it.
 PREFILL_CANDIDATES = (
-    (TileConfig(64, 64, 4, 3), True),
-    (TileConfig(128, 128, 8, 3), True),
-    (TileConfig(128, 64, 8, 4), False),
-    (TileConfig(128, 64, 8, 3), False),
-    (TileConfig(128, 128, 8, 3), False),
-    (TileConfig(64, 64, 4, 3), False),
-    (TileConfig(128, 64, 4, 3), True),
-    (TileConfig(64, 128, 4, 3), True),
+    TileConfig(64, 64, 4, 3, tma=True),
+    TileConfig(128, 128, 8, 3, tma=True),
+    TileConfig(128, 64, 8, 4),
+    TileConfig(128, 64, 8, 3),
+    TileConfig(128, 128, 8, 3),
+    TileConfig(64, 64, 4, 3),
+    TileConfig(128, 64, 4, 3, tma=True),
+    TileConfig(64, 128, 4, 3, tma=True),
 )
 # split-KV (decode): tile and `waves`, how many times over the key-axis splits fill the GPU
 SPLIT_CANDIDATES = (
@@ -92,6 +92,7 @@ class Tuner:
         self.path = cache_dir() / "tuning" / f"{module_stem}.json"
         self._by_shapes: dict[tuple[Any, ...], dict[str, int]] = {}
         self.tuned = 0  # how many tunings this process ran (tests and the bench read it)
+        self.last: dict[str, int] | None = None  # the last call's configuration (None: default)
 
     def key(self, sizes: dict[str, int], dtype: torch.dtype, device: torch.device) -> str:
         import triton
@@ -126,10 +127,12 @@ class Tuner:
         self, module: ModuleType, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
     ) -> dict[str, int] | None:
         if not enabled():
+            self.last = None
             return None
         shapes = (*((t.shape, t.dtype) for t in tensors.values()), return_lse)
         found = self._by_shapes.get(shapes)
         if found is not None:
+            self.last = found
             return found
         sizes, dtype, device = module._check(tensors, params)
         key = self.key(sizes, dtype, device)
@@ -141,6 +144,7 @@ class Tuner:
             merged[key] = stored
             atomic_write(self.path, json.dumps(merged, indent=1, sort_keys=True))
         self._by_shapes[shapes] = stored
+        self.last = stored
         return stored
 
     def candidates(self, sizes: dict[str, int]) -> list[dict[str, int]]:
@@ -148,7 +152,7 @@ class Tuner:
         rows = sizes[self.kernel.query_axis.dim] if self.kernel.query_axis else 1
         if self.kernel.schedule == "split_kv" or rows <= self.kernel.split_max_queries:
             return [_as_launch(tile, waves=waves) for tile, waves in SPLIT_CANDIDATES]
-        return [_as_launch(tile, tma=int(tma)) for tile, tma in PREFILL_CANDIDATES]
+        return [_as_launch(tile, tma=int(tile.tma)) for tile in PREFILL_CANDIDATES]
 
     def warm(
         self, module: ModuleType, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool

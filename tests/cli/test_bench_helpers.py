@@ -41,9 +41,12 @@ def test_sizes_for_gqa_and_a_paged_cache() -> None:
 
 def test_rows_and_startup_print() -> None:
     row = Row("causal", "B=4 H=16 S=4096 D=128", "bf16", 0.5, 400.0, None, {"flex": 320.0})
-    table = format_rows([row], ["flex"])
+    tuned = Row("causal", "B=1 H=16 S=16384 D=128", "bf16", 8.0, 400.0, None, {"flex": 400.0})
+    tuned.config = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "tma": 1}
+    table = format_rows([row, tuned], ["flex"])
     assert "x flex" not in table and "xflex" in table.splitlines()[0]
-    assert table.splitlines()[1].split()[-2:] == ["320.0", "1.25"]
+    assert table.splitlines()[1].split()[-3:] == ["320.0", "1.25", "default"]
+    assert table.splitlines()[2].split()[-3:] == ["400.0", "1.00", "64x64/w4/s3/tma"]
     startup = Startup(0.21, [("B=1", 2.8, 1), ("B=2", 0.01, 0)])
     assert (
         str(startup) == "attncc.compile 0.210 s; first calls: B=1: 2.80 s (autotuned), B=2: 0.01 s"

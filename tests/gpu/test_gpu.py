@@ -63,7 +63,8 @@ TMA_CASES = [("causal", 96), ("gqa_causal", 128), ("document_mask", 128), ("alib
 @pytest.mark.parametrize(("name", "head_dim"), TMA_CASES)
 def test_tma_descriptor_loads_on_gpu(name: str, head_dim: int) -> None:
     """Every tuning candidate with TMA copies gives what the reference gives (the correctness
-    runs above use default configurations, which load through pointers)."""
+    runs above use the default configuration only: TMA at head dims 65-128, pointer loads at
+    others and with a tile index)."""
     from attncc.runtime.autotune import PREFILL_CANDIDATES, _as_launch
 
     kernel = attncc.compile(EXAMPLE_DIR / f"{name}.attn")
@@ -80,8 +81,8 @@ def test_tma_descriptor_loads_on_gpu(name: str, head_dim: int) -> None:
     expected = torch.from_numpy(reference(kernel.spec)(*args)).float()
     tensors, params = module._bind([a.cuda() for a in args], {})
     tensors = {n: t.bfloat16() if t.is_floating_point() else t for n, t in tensors.items()}
-    for tile, tma in PREFILL_CANDIDATES:
-        if not tma:
+    for tile in PREFILL_CANDIDATES:
+        if not tile.tma:
             continue
         out, _ = module._forward(tensors, params, False, _as_launch(tile, tma=1))
         error = (out.float().cpu() - expected).abs().max()
@@ -89,9 +90,9 @@ def test_tma_descriptor_loads_on_gpu(name: str, head_dim: int) -> None:
 
 
 # (spec, [(B, heads, length)]): the first call compiles; none of the others may. Lengths are
-# multiples of 16 and at least the default tile's 128 rows: Triton specializes the lengths'
-# divisibility by 16 (one compile more for others), and a query axis shorter than the tile
-# takes a smaller BLOCK_M (one compile per power of two, seen in run 1 of session 5)
+# multiples of 16 and at least the default tile's rows (128 at most): Triton specializes the
+# lengths' divisibility by 16 (one compile more for others), and a query axis shorter than the
+# tile takes a smaller BLOCK_M (one compile per power of two, seen in run 1 of session 5)
 NO_RECOMPILE_CASES = [
     ("causal", [(16, 4, 1024), (8, 4, 2048), (1, 4, 768), (3, 4, 320)]),
     ("sliding_window", [(2, 4, 1024), (1, 4, 4096), (5, 4, 208)]),

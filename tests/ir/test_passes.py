@@ -118,6 +118,20 @@ def test_tiling_rules() -> None:
         attncc.optimise(ROOT / "examples" / "causal.attn", block_k=32)
 
 
+def test_default_tiles_take_tma_copies_except_through_a_tile_index() -> None:
+    """Head dims 65-128 default to 64x64 tiles with TMA K/V copies (the Hopper sweeps'
+    pick), but kernels walking a tile index's lists keep pointer loads (faster there)."""
+
+    def rule_for_128(name: str) -> ir.TileConfig:
+        rules = example(name).tiling.rules  # type: ignore[union-attr]
+        return next(c for bound, c in rules if bound == 0 or bound >= 128)
+
+    causal, documents = rule_for_128("causal"), rule_for_128("document_mask")
+    assert example("document_mask").tile_index is not None
+    assert (causal.block_m, causal.block_n, causal.num_warps, causal.tma) == (64, 64, 4, True)
+    assert dataclasses.replace(documents, tma=True) == causal and not documents.tma
+
+
 # ----------------------------------------------------------------------------- verifier
 
 CAUSAL_IR = example("causal")
