@@ -181,6 +181,13 @@ def parser() -> argparse.ArgumentParser:
         "default $ATTNCC_BENCH_DEADLINE)",
     )
     bench_p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time attncc and the anchors in turn this many times, each keeping its best "
+        "(default 1)",
+    )
+    bench_p.add_argument(
         "--warm",
         action="store_true",
         help="time nothing: compile every tuning candidate and anchor into the disk caches",

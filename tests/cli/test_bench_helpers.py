@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import attncc
-from attncc.bench import Row, RunPlan, Shape, Startup, default_shapes, format_rows, sizes_for
+from attncc.bench import (
+    Row,
+    RunPlan,
+    Shape,
+    Startup,
+    default_shapes,
+    format_rows,
+    sizes_for,
+    time_rounds,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -139,3 +151,79 @@ def test_the_cuda_column_alone_pairs_each_cuda_job_with_triton_on_its_shapes() -
     assert cuda == {(j.spec, j.shapes) for j in column if j.target == "triton"}
     in_matrix = {(j.spec, j.shapes) for j in matrix.matrix(["bf16"]) if j.target == "cuda"}
     assert cuda == in_matrix
+
+
+def test_time_rounds_interleaves_contenders_and_keeps_each_best() -> None:
+    order: list[str] = []
+    times = {"attncc": iter([3.0, 2.0, 2.5]), "flex": iter([4.0, 5.0, 3.5])}
+
+    def timer(name: str) -> Callable[[], float]:
+        def time_one() -> float:
+            order.append(name)
+            return next(times[name])
+
+        return time_one
+
+    def broken() -> float:
+        order.append("cudnn")
+        raise RuntimeError("no kernel for this shape")
+
+    best = time_rounds(
+        {"attncc": timer("attncc"), "flex": timer("flex"), "cudnn": broken}, 3, "attncc"
+    )
+    assert best == {"attncc": 2.0, "flex": 3.5, "cudnn": None}
+    # in turn, round after round; a contender that failed is not timed again
+    assert order == ["attncc", "flex", "cudnn", "attncc", "flex", "attncc", "flex"]
+    with pytest.raises(RuntimeError, match="no kernel"):
+        time_rounds({"attncc": broken}, 2, required="attncc")
+
+
+def test_bench_spec_rows_come_from_interleaved_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_spec's plumbing on the CPU (the kernel runs in the interpreter; timings and
+    anchors are stand-ins): attncc and every anchor that warms up are timed in turn each
+    round, a row keeps each one's best, and an anchor that fails its warm-up is reported as
+    None, not timed."""
+    import torch
+
+    import attncc.bench as bench
+
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+
+    def cpu_inputs(kernel: Any, sizes: dict[str, int], dtype: Any, documents: int) -> Any:
+        gen = torch.Generator().manual_seed(0)
+        return {
+            t.name: torch.randn([sizes[d] for d in t.dims], generator=gen) for t in kernel.tensors
+        }
+
+    def flex() -> None:
+        pass
+
+    def cudnn() -> None:
+        raise RuntimeError("no kernel for this shape")
+
+    monkeypatch.setattr(bench, "bench_inputs", cpu_inputs)
+    monkeypatch.setattr(
+        bench, "anchor_runners", lambda *a: {"sdpa-flash": None, "sdpa-cudnn": cudnn, "flex": flex}
+    )
+    order: list[str] = []
+    times = {"attncc": iter([2.0, 1.0]), "flex": iter([4.0, 2.5])}
+
+    def fake_median_ms(fns: list[Callable[[], Any]], graphed: bool) -> float:
+        name = "flex" if fns[0] is flex else "attncc"
+        fns[0]()  # attncc's call runs the generated kernel in the interpreter
+        order.append(name)
+        return next(times[name])
+
+    monkeypatch.setattr(bench, "median_ms", fake_median_ms)
+    against = ["sdpa-flash", "sdpa-cudnn", "flex"]
+    shape = Shape(1, 2, None, 32, 16)
+    (row,) = bench.bench_spec(str(EXAMPLES / "fused.attn"), [shape], "bf16", against, rounds=2)
+    assert order == ["attncc", "flex", "attncc", "flex"]
+    flops = 4 * 1 * 2 * 32 * 32 * 16
+    assert row.ms == 1.0 and row.tflops == pytest.approx(flops / 1e-3 / 1e12)
+    assert row.anchors == {
+        "sdpa-flash": None,
+        "sdpa-cudnn": None,
+        "flex": pytest.approx(flops / 2.5e-3 / 1e12),
+    }
+    assert row.config is None and set(row.seconds) == {"first_call", "anchors", "measure"}
