@@ -9,7 +9,7 @@
 #   checks and benchmarks; `sweep` every launch configuration of a few shapes; `cuda` the
 #   CUDA target alone, check of every example + prefill/decode bench, a few minutes;
 #   `cudacol` the matrix's CUDA column and Triton on the same shapes;
-#   `profile` Nsight Compute on the causal prefill of both targets)
+#   `profile` Nsight Compute on the causal prefill of both targets and of FlexAttention)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attncc_gpu_out}
@@ -100,16 +100,18 @@ if has sweep; then
 fi
 
 if has profile; then
-    # Nsight Compute on the causal prefill of both targets (tensor pipe, stall reasons,
-    # shared-memory conflicts, occupancy): why the CUDA kernel trails the Triton one
-    for target in cuda triton; do
-        timeout 240 ncu --kernel-name regex:"fwd|fused" --launch-skip 3 --launch-count 1 \
+    # Nsight Compute on the causal prefill of both targets and of FlexAttention (tensor pipe,
+    # stall reasons, shared-memory conflicts, occupancy): where each kernel's time goes
+    for target in cuda triton flex; do
+        kernels="fwd|fused"
+        [ "$target" = flex ] && kernels="tem"  # Inductor's template kernel
+        timeout 240 ncu --kernel-name regex:"$kernels" --launch-skip 3 --launch-count 1 \
             --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
             --section MemoryWorkloadAnalysis_Tables --section Occupancy --section LaunchStats \
-            --section InstructionStats \
+            --section InstructionStats --print-details all \
             python3 benchmarks/profile_call.py examples/causal.attn "4,16,4096,128" $target \
             > "$OUT/ncu_causal_$target.txt" 2>&1
-        grep -E "Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|Issue Slots Busy|Stall|Bank" "$OUT/ncu_causal_$target.txt" | head -30
+        grep -E "Duration|Registers Per|Achieved Occupancy|Pipe Tensor Cycles|Pipe Xu|Issue Slots Busy|Stall|Bank" "$OUT/ncu_causal_$target.txt" | head -30
     done
 fi
 
