@@ -517,9 +517,6 @@ def config_text(config: dict[str, int] | None) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not torch.cuda.is_available():
-        print("attncc bench: needs a CUDA GPU")
-        return 2
     against = [a for a in args.against.split(",") if a]
     unknown = [a for a in against if a not in ANCHORS]
     if unknown:
@@ -529,6 +526,12 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if getattr(args, "page", 16) < 1:
         print(f"attncc bench: --page must be at least 1 token, got {args.page}")
+        return 2
+    if getattr(args, "rounds", 1) < 1:
+        print(f"attncc bench: --rounds must be at least 1, got {args.rounds}")
+        return 2
+    if not torch.cuda.is_available():
+        print("attncc bench: needs a CUDA GPU")
         return 2
     shapes = [Shape.parse(s) for s in args.shapes.split(";") if s] or None
     startup = Startup(0.0)

@@ -61,6 +61,21 @@ def test_gpu_commands_say_when_there_is_no_gpu(capsys: pytest.CaptureFixture[str
     assert "needs a CUDA GPU" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (["--page", "0"], "--page must be at least 1 token, got 0"),
+        (["--against", "flex,fa3"], "unknown anchor fa3; choose from"),
+    ],
+)
+def test_bench_options_are_checked_before_the_gpu(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["bench", str(EXAMPLES / "causal.attn"), *flags]) == 2
+    assert message in capsys.readouterr().out
+
+
 def test_demo_runs_every_step(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["demo", str(EXAMPLES / "sliding_window.attn"), "--trials", "2"]) == 0
     out = capsys.readouterr().out
