@@ -408,6 +408,12 @@ class _Context:
         }
 
 
+def render_wgmma_probe() -> str:
+    """The CUDA source of the Hopper primitives' probe kernel ``attncc_wgmma_probe``
+    (templates/cuda/wgmma_probe.cu.jinja; compile for sm_90a)."""
+    return str(environment().get_template("wgmma_probe.cu.jinja").render())
+
+
 def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:
     """The CUDA source and the host module for ``kernel``; the entry is named like the spec."""
     if kernel.schedule == "naive":

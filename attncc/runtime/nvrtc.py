@@ -21,7 +21,9 @@ from attncc import __version__
 from attncc.cache import atomic_write_bytes, cache_dir, content_key
 
 _LOCK = threading.Lock()
-_KERNELS: dict[tuple[str, tuple[tuple[str, Any], ...], int, tuple[str, ...]], tuple[Any, ...]] = {}
+# (source key, defines, device index, kernel names, arch features) -> kernels
+_KernelKey = tuple[str, tuple[tuple[str, Any], ...], int, tuple[str, ...], str]
+_KERNELS: dict[_KernelKey, tuple[Any, ...]] = {}
 _STREAMS: dict[tuple[int, int], Any] = {}
 _DEVICES: dict[int, Any] = {}
 # dynamic shared memory each (kernel handle, device) may use, once opted in above the default
@@ -109,11 +111,13 @@ def kernels(
     defines: tuple[tuple[str, Any], ...],
     names: tuple[str, ...],
     device: torch.device,
+    arch_features: str = "",
 ) -> tuple[Any, ...]:
-    """The kernels ``names`` of ``source`` compiled with ``defines`` for ``device``'s GPU:
-    from this process's table, else the disk cache, else NVRTC."""
+    """The kernels ``names`` of ``source`` compiled with ``defines`` for ``device``'s GPU
+    (``arch_features`` "a": its architecture-specific features, as sm_90a's wgmma): from this
+    process's table, else the disk cache, else NVRTC."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (key_of_source, defines, index, names)
+    key = (key_of_source, defines, index, names, arch_features)
     found = _KERNELS.get(key)
     if found is not None:
         return found
@@ -123,7 +127,7 @@ def kernels(
             return found
         core = _core()
         _device(device)
-        target = arch(device)
+        target = arch(device) + arch_features
         path = cubin_path(key_of_source, defines, target)
         try:
             data = path.read_bytes()

@@ -321,3 +321,30 @@ def test_rendering_without_any_variable_raises(template: str) -> None:
     values = cuda_backend._Context(kernel, checked.spec.source).values()
     values["cuda_source"] = "// source"
     assert_every_variable_required(cuda_backend.environment(), template, values)
+
+
+# ----------------------------------------------------------------------------- Hopper primitives
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found: CUDA sources are rendered, not compiled")
+def test_wgmma_probe_compiles_for_sm90a_and_traps_without_its_features(tmp_path: Path) -> None:
+    """The warp-group MMA primitives (templates/cuda/wgmma.cu.jinja) compile for sm_90a to
+    eight wgmma instructions with their fences; built for plain sm_90 (no wgmma) the MMA is a
+    trap, never silent zeros. tests/gpu/test_gpu_cuda.py checks the numbers on an H100/H200."""
+    source = tmp_path / "probe.cu"
+    source.write_text(cuda_backend.render_wgmma_probe())
+    ptx = {}
+    for arch in ("sm_90a", "sm_90"):
+        out = tmp_path / f"probe_{arch}.ptx"
+        cmd = [NVCC or "nvcc", f"-arch={arch}", "-std=c++17", "--ptx", str(source), "-o", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-4000:]
+        ptx[arch] = out.read_text()
+    assert ptx["sm_90a"].count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 8
+    fences = ("wgmma.fence", "wgmma.commit_group", "wgmma.wait_group", "fence.proxy.async")
+    assert all(fence in ptx["sm_90a"] for fence in fences)
+    assert "wgmma.mma_async" not in ptx["sm_90"] and "trap;" in ptx["sm_90"]
+    cubin = tmp_path / "probe.cubin"
+    cmd = [NVCC or "nvcc", "-arch=sm_90a", "-std=c++17", "-cubin", str(source), "-o", str(cubin)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]

@@ -217,3 +217,27 @@ def test_cuda_decode_strided_cache_takes_the_scalar_loads() -> None:
     v = torch.randn(2, 8, 900, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     lens = torch.tensor([900, 450], device="cuda", dtype=torch.int32)
     _assert_matches_reference(kernel, (q, k, v, lens))
+
+
+def test_wgmma_probe_matches_a_matmul() -> None:
+    """The Hopper primitives (templates/cuda/wgmma.cu.jinja: 128-byte swizzled K-major tiles,
+    their matrix descriptors, wgmma m64n64k16 and its accumulator layout) give A * B^T: the
+    first step of the warp-specialized schedule in docs/design.md."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU (H100/H200)")
+    from attncc.codegen.cuda import render_wgmma_probe
+    from attncc.runtime import nvrtc
+
+    source = render_wgmma_probe()
+    device = torch.device("cuda")
+    (probe,) = nvrtc.kernels(
+        source, nvrtc.source_key(source), (), ("attncc_wgmma_probe",), device, "a"
+    )
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(64, 128, generator=gen).bfloat16().cuda() for _ in range(2))
+    c = torch.full((64, 64), float("nan"), device="cuda")
+    args = [nvrtc.pointer(a), nvrtc.pointer(b), nvrtc.pointer(c)]
+    nvrtc.launch(probe, (1, 1, 1), (128, 1, 1), args, device)
+    torch.cuda.synchronize()
+    expected = a.float() @ b.float().T
+    assert (c - expected).abs().max().item() < 1e-3
