@@ -329,8 +329,9 @@ def test_rendering_without_any_variable_raises(template: str) -> None:
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found: CUDA sources are rendered, not compiled")
 def test_wgmma_probe_compiles_for_sm90a_and_traps_without_its_features(tmp_path: Path) -> None:
     """The warp-group MMA primitives (templates/cuda/wgmma.cu.jinja) compile for sm_90a to
-    eight wgmma instructions with their fences; built for plain sm_90 (no wgmma) the MMA is a
-    trap, never silent zeros. tests/gpu/test_gpu_cuda.py checks the numbers on an H100/H200."""
+    the probes' wgmma instructions (8 for Q * K^T, 4 for P * V) with their fences; built for
+    plain sm_90 (no wgmma) an MMA is a trap, never silent zeros. tests/gpu/test_gpu_cuda.py
+    checks the numbers on an H100/H200."""
     source = tmp_path / "probe.cu"
     source.write_text(cuda_backend.render_wgmma_probe())
     ptx = {}
@@ -341,6 +342,7 @@ def test_wgmma_probe_compiles_for_sm90a_and_traps_without_its_features(tmp_path:
         assert done.returncode == 0, done.stderr[-4000:]
         ptx[arch] = out.read_text()
     assert ptx["sm_90a"].count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 8
+    assert ptx["sm_90a"].count("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4
     fences = ("wgmma.fence", "wgmma.commit_group", "wgmma.wait_group", "fence.proxy.async")
     assert all(fence in ptx["sm_90a"] for fence in fences)
     assert "wgmma.mma_async" not in ptx["sm_90"] and "trap;" in ptx["sm_90"]

@@ -219,25 +219,58 @@ def test_cuda_decode_strided_cache_takes_the_scalar_loads() -> None:
     _assert_matches_reference(kernel, (q, k, v, lens))
 
 
-def test_wgmma_probe_matches_a_matmul() -> None:
-    """The Hopper primitives (templates/cuda/wgmma.cu.jinja: 128-byte swizzled K-major tiles,
-    their matrix descriptors, wgmma m64n64k16 and its accumulator layout) give A * B^T: the
-    first step of the warp-specialized schedule in docs/design.md."""
+def _wgmma_probes() -> tuple[Any, Any]:
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs an sm_90 GPU (H100/H200)")
     from attncc.codegen.cuda import render_wgmma_probe
     from attncc.runtime import nvrtc
 
     source = render_wgmma_probe()
-    device = torch.device("cuda")
-    (probe,) = nvrtc.kernels(
-        source, nvrtc.source_key(source), (), ("attncc_wgmma_probe",), device, "a"
-    )
+    names = ("attncc_wgmma_probe", "attncc_wgmma_pv_probe")
+    probes = nvrtc.kernels(source, nvrtc.source_key(source), (), names, torch.device("cuda"), "a")
+    return probes[0], probes[1]
+
+
+def test_wgmma_probe_matches_a_matmul() -> None:
+    """The Hopper primitives (templates/cuda/wgmma.cu.jinja: 128-byte swizzled K-major tiles,
+    their matrix descriptors, wgmma m64n64k16 and its accumulator layout) give A * B^T: the
+    first step of the warp-specialized schedule in docs/design.md."""
+    from attncc.runtime import nvrtc
+
+    probe, _ = _wgmma_probes()
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(64, 128, generator=gen).bfloat16().cuda() for _ in range(2))
     c = torch.full((64, 64), float("nan"), device="cuda")
     args = [nvrtc.pointer(a), nvrtc.pointer(b), nvrtc.pointer(c)]
-    nvrtc.launch(probe, (1, 1, 1), (128, 1, 1), args, device)
+    nvrtc.launch(probe, (1, 1, 1), (128, 1, 1), args, torch.device("cuda"))
     torch.cuda.synchronize()
     expected = a.float() @ b.float().T
     assert (c - expected).abs().max().item() < 1e-3
+
+
+def test_wgmma_pv_probe_matches_a_matmul() -> None:
+    """P from registers (the accumulator layout packed to bf16 pairs) times V MN-major in
+    shared memory (wgmma m64n128k16, tnspB): P * V. The descriptor's byte offsets are the
+    kernel's arguments; where the layout assumed in wgmma.cu.jinja (8192 bytes between
+    64-column blocks, 1024 between 8-key groups) fails, the message says whether the swapped
+    reading holds, so one device call settles it."""
+    from attncc.runtime import nvrtc
+
+    _, probe = _wgmma_probes()
+    gen = torch.Generator().manual_seed(1)
+    p = torch.rand(64, 64, generator=gen).bfloat16().cuda()
+    v = torch.randn(64, 128, generator=gen).bfloat16().cuda()
+    expected = p.float() @ v.float()
+
+    def error(leading: int, stride: int) -> float:
+        o = torch.full((64, 128), float("nan"), device="cuda")
+        args = [nvrtc.pointer(p), nvrtc.pointer(v), nvrtc.pointer(o)]
+        args += [nvrtc.int32(leading), nvrtc.int32(stride)]
+        nvrtc.launch(probe, (1, 1, 1), (128, 1, 1), args, torch.device("cuda"))
+        torch.cuda.synchronize()
+        return float((o - expected).abs().max().item())
+
+    assumed = error(64 * 128, 1024)
+    if not assumed < 1e-3:
+        swapped = error(1024, 64 * 128)
+        raise AssertionError(f"P * V off by {assumed:.3g}; with the offsets swapped: {swapped:.3g}")
