@@ -229,6 +229,10 @@ class _Context:
             rows, row_ok = [], "r < 1"
         values = self.mode(False, batch, rows, row_ok, None)
         values["rows"] = cx.dim_var(k.query_axis.dim) if k.query_axis else "1"
+        assert k.mask_plan is not None
+        # a key bound reads a tensor (cache lengths): keys outside [lo, hi) may be unwritten
+        # cache memory, zero-filled rather than read (as the split-KV kernel does always)
+        values["bounded_keys"] = plan.bounds_read_tensors(k.mask_plan)
         values["tile_index"] = self.tile_index(self.env(False))
         values["hoisted"] = None
         if values["tile_index"] is not None:

@@ -147,6 +147,14 @@ def divisor_dims(kernel: ir.AttentionKernel) -> tuple[str, ...]:
     return tuple(found)
 
 
+def bounds_read_tensors(mask_plan: ir.MaskPlan) -> bool:
+    """Whether a key bound reads an input tensor (a cache length per sequence): keys outside
+    it may then be unwritten cache memory (past a sequence's end, a page's unused slots),
+    which partial tiles load as zeros so that no NaN there meets a zero probability in P * V."""
+    bounds = (*mask_plan.lower, *mask_plan.upper)
+    return any(isinstance(e, ir.Load) for bound in bounds for e in _expressions(bound.expr))
+
+
 def _expressions(node: object) -> Iterator[ir.Expr]:
     """Every expression node reachable from ``node`` (IR dataclasses, tuples)."""
     if isinstance(node, tuple):

@@ -290,10 +290,10 @@ class _Context:
     ) -> dict[str, Any]:
         """The key loop's values (attend.py.jinja) for index variables as in ``env``;
         ``descriptors``: the kernel may load K and V tiles through TMA descriptors."""
-        plan = self.k.mask_plan
-        assert plan is not None
+        mask_plan = self.k.mask_plan
+        assert mask_plan is not None
         masks = [cx.triton_expr(m, env) for m in self.k.masks]
-        residual = [cx.triton_expr(m, env) for m in plan.residual]
+        residual = [cx.triton_expr(m, env) for m in mask_plan.residual]
         return {
             "tma": descriptors and k_parts["tma"] and v_parts["tma"],
             "k_coords": k_parts["coords"],
@@ -309,6 +309,7 @@ class _Context:
             "score_lines": self.score_lines(env)[1],
             "mask_all": _and(masks) or "True",
             "residual_mask": _and(residual),
+            "bounded_keys": plan.bounds_read_tensors(mask_plan),
         }
 
     def score_lines(self, env: cx.TritonEnv | None = None) -> tuple[list[str], list[str]]:

@@ -16,12 +16,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def paged_copy(
     cache: torch.Tensor, page: int, pool: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scatter a contiguous cache [B, N, KVH, D] into a shuffled pool of pages."""
+    """Scatter a contiguous cache [B, N, KVH, D] into a shuffled pool of pages. The slots of
+    the last page past N hold NaN, as unwritten cache memory may: no kernel may let them
+    through (a zero probability times NaN is NaN)."""
     batch, length, kv_heads, dim = cache.shape
     pages = -(-length // page)
     order = torch.randperm(pool, generator=gen)[: batch * pages].reshape(batch, pages)
     pool_tensor = torch.randn(pool, page, kv_heads, dim, generator=gen).to(cache.dtype)
-    padded = torch.zeros(batch, pages * page, kv_heads, dim, dtype=cache.dtype)
+    padded = torch.full((batch, pages * page, kv_heads, dim), float("nan"), dtype=cache.dtype)
     padded[:, :length] = cache
     for b in range(batch):
         for p in range(pages):
@@ -42,7 +44,7 @@ def test_paged_cache_matches_contiguous_cache(schedule: str | None, page: int) -
     paged = attncc.compile(EXAMPLES / "paged_decode.attn", schedule=schedule)
     pool = batch * (-(-length // page)) + 5
     k_pages, table_k = paged_copy(k, page, pool, gen)
-    v_pages = torch.empty_like(k_pages)
+    v_pages = torch.full_like(k_pages, float("nan"))  # unwritten slots: see paged_copy
     for b in range(batch):  # the values share the keys' page table
         for p in range(table_k.shape[1]):
             chunk = v[b, p * page : (p + 1) * page]
@@ -53,6 +55,26 @@ def test_paged_cache_matches_contiguous_cache(schedule: str | None, page: int) -
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse, expected_lse, rtol=1e-5, atol=1e-5)
     assert torch.equal(out[1], torch.zeros_like(out[1]))  # an empty cache gives 0
+
+
+@pytest.mark.parametrize("schedule", [None, "fused", "naive"])
+def test_cache_memory_past_the_lengths_never_reaches_the_output(schedule: str | None) -> None:
+    """A preallocated cache holds garbage (here NaN) past each sequence's length: the fused
+    kernel (TMA copies on the interpreter), split-KV (the default for one query) and naive
+    give what the same cache with zeros there gives."""
+    gen = torch.Generator().manual_seed(3)
+    kernel = attncc.compile(EXAMPLES / "decode.attn", schedule=schedule)
+    q = torch.randn(3, 8, 64, generator=gen)
+    k, v = (torch.randn(3, 90, 2, 64, generator=gen) for _ in range(2))
+    lengths = torch.tensor([90, 17, 64], dtype=torch.int32)
+    past = torch.arange(90)[None, :] >= lengths[:, None]  # [B, N]: unwritten slots
+    clean = [t.masked_fill(past[:, :, None, None], 0.0) for t in (k, v)]
+    dirty = [t.masked_fill(past[:, :, None, None], float("nan")) for t in (k, v)]
+    expected, expected_lse = kernel(q, *clean, lengths, return_lse=True)
+    out, lse = kernel(q, *dirty, lengths, return_lse=True)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, expected_lse, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("schedule", [None, "fused", "naive"])
