@@ -25,9 +25,9 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -44,6 +44,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # plus written) as the kernel reads, timed the same way: the memory roofline at that
 # size, launch and ramp-up included (a 34 MB cache cannot reach the large-copy bandwidth)
 ANCHORS = ("sdpa-flash", "sdpa-cudnn", "flex", "copy")
+
+
+Key = TypeVar("Key")  # what time_rounds names its contenders by
 
 
 @dataclass(frozen=True)
@@ -388,7 +391,8 @@ def bench_spec(
         first = time.perf_counter() - began
         if startup is not None:
             startup.first_calls.append((str(shape), first, kernel.tuner.tuned - tuned))
-        config = kernel.tuner.last if target == "triton" else None
+        first_inputs = {name: inputs[name] for name in kernel.input_names}
+        config = kernel.tuner.chosen(first_inputs, False) if target == "triton" else None
         kv_bytes = sum(
             inputs[t].numel() * inputs[t].element_size()
             for t in (kernel.ir.key.tensor, kernel.ir.value.tensor)
@@ -436,15 +440,15 @@ def bench_spec(
 
 
 def time_rounds(
-    contenders: dict[str, Callable[[], float]], rounds: int, required: str | None = None
-) -> dict[str, float | None]:
+    contenders: Mapping[Key, Callable[[], float]], rounds: int, required: Key | None = None
+) -> dict[Key, float | None]:
     """Each contender's best time over ``rounds`` rounds, timing every contender once per
     round in turn: the GPU's clocks and temperature drift over a long run, and timed back to
     back, whichever ran first would meet a cooler GPU. A contender that raises is reported
     and gets None (an anchor that cannot run a shape is a result, not the end), except the
     ``required`` one, whose error propagates."""
-    best: dict[str, float | None] = {}
-    failed: set[str] = set()
+    best: dict[Key, float | None] = {}
+    failed: set[Key] = set()
     for _ in range(max(1, rounds)):
         for name, time_one in contenders.items():
             if name in failed:

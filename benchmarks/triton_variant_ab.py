@@ -14,6 +14,7 @@ Decode-sized calls are timed as CUDA-graph replays over rotating input copies (c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 import attncc
-from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for
+from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for, time_rounds
 from attncc.cache import atomic_write, cache_dir
 from attncc.runtime.autotune import Tuner
 from attncc.runtime.jit import load_module
@@ -83,15 +84,15 @@ if os.environ.get("AB_WARM") == "1":
 # Rounds over every configuration, each timing all variants back to back: clock and
 # temperature drift over the run then touches every variant alike. A variant keeps its
 # best time per configuration.
-best: dict[str, dict[int, float]] = {label: {} for label in calls}
-for _ in range(int(os.environ.get("AB_ROUNDS", "3"))):
-    for i in range(len(configs)):
-        for label in calls:
-            if i in calls[label]:
-                ms = median_ms(calls[label][i], graphed)
-                best[label][i] = min(ms, best[label].get(i, ms))
-for label, by_config in best.items():
-    ranked = sorted((ms, i) for i, ms in by_config.items())
+contenders = {
+    (label, i): functools.partial(median_ms, calls[label][i], graphed)
+    for i in range(len(configs))
+    for label in calls
+    if i in calls[label]
+}
+times = time_rounds(contenders, int(os.environ.get("AB_ROUNDS", "3")))
+for label in calls:
+    ranked = sorted((ms, i) for (name, i), ms in times.items() if name == label and ms is not None)
     if not ranked:
         continue
     ms, i = ranked[0]

@@ -230,9 +230,13 @@ class _Context:
         values = self.mode(False, batch, rows, row_ok, None)
         values["rows"] = cx.dim_var(k.query_axis.dim) if k.query_axis else "1"
         assert k.mask_plan is not None
-        # a key bound reads a tensor (cache lengths): keys outside [lo, hi) may be unwritten
-        # cache memory, zero-filled rather than read (as the split-KV kernel does always)
-        values["bounded_keys"] = plan.bounds_read_tensors(k.mask_plan)
+        # the keys whose K/V rows are zero-filled, not read: past the cache and, where a key
+        # bound reads a tensor (cache lengths), outside [lo, hi) too: there they may be
+        # unwritten cache memory (as the split-KV kernel treats them always)
+        key = self.key_var
+        values["key_outside"] = f"{key} >= key_size"
+        if plan.bounds_read_tensors(k.mask_plan):
+            values["key_outside"] += f" || {key} < lo || {key} >= hi"
         values["tile_index"] = self.tile_index(self.env(False))
         values["hoisted"] = None
         if values["tile_index"] is not None:

@@ -72,6 +72,11 @@ def _do_bench(fn: Callable[[], Any], config: dict[str, int]) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=25, return_mode="median"))
 
 
+def _shapes(tensors: dict[str, Any], return_lse: bool) -> tuple[Any, ...]:
+    """A call's key in the per-process table: its tensors' shapes and dtypes."""
+    return (*((t.shape, t.dtype) for t in tensors.values()), return_lse)
+
+
 def _bucket(n: int) -> int:
     return 1 << max(0, (max(n, 1) - 1).bit_length())
 
@@ -92,7 +97,6 @@ class Tuner:
         self.path = cache_dir() / "tuning" / f"{module_stem}.json"
         self._by_shapes: dict[tuple[Any, ...], dict[str, int]] = {}
         self.tuned = 0  # how many tunings this process ran (tests and the bench read it)
-        self.last: dict[str, int] | None = None  # the last call's configuration (None: default)
 
     def key(self, sizes: dict[str, int], dtype: torch.dtype, device: torch.device) -> str:
         import triton
@@ -127,12 +131,10 @@ class Tuner:
         self, module: ModuleType, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
     ) -> dict[str, int] | None:
         if not enabled():
-            self.last = None
             return None
-        shapes = (*((t.shape, t.dtype) for t in tensors.values()), return_lse)
+        shapes = _shapes(tensors, return_lse)
         found = self._by_shapes.get(shapes)
         if found is not None:
-            self.last = found
             return found
         sizes, dtype, device = module._check(tensors, params)
         key = self.key(sizes, dtype, device)
@@ -144,8 +146,12 @@ class Tuner:
             merged[key] = stored
             atomic_write(self.path, json.dumps(merged, indent=1, sort_keys=True))
         self._by_shapes[shapes] = stored
-        self.last = stored
         return stored
+
+    def chosen(self, tensors: dict[str, Any], return_lse: bool) -> dict[str, int] | None:
+        """The configuration calls of these shapes ran with in this process (None: the
+        default, or no such call yet); looks up, never tunes."""
+        return self._by_shapes.get(_shapes(tensors, return_lse)) if enabled() else None
 
     def candidates(self, sizes: dict[str, int]) -> list[dict[str, int]]:
         """The launch configurations tuning tries for calls of these sizes."""

@@ -102,7 +102,10 @@ def test_tuning_runs_once_and_a_new_process_reuses_it() -> None:
     module = kernel.module(interpreted=True)
     timer = FakeTimer()
     tuner = Tuner(kernel.ir, kernel.path.stem, timer)
+    assert tuner.chosen(_inputs(40), False) is None  # nothing ran yet: the default
     chosen = tuner.config(module, _inputs(40), {}, False)
+    timed = timer.calls
+    assert tuner.chosen(_inputs(40), False) == chosen and timer.calls == timed  # a lookup
     assert timer.calls == TUNING_ROUNDS * len(PREFILL_CANDIDATES) and tuner.tuned == 1
     assert chosen == {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "tma": 1}
     assert tuner.config(module, _inputs(40), {}, False) == chosen  # same shapes: a lookup
