@@ -121,7 +121,8 @@ if has tests; then
     # on the GPU; each shard's log is kept, and the summary lines of all of them are printed.
     shards=${SHARDS:-8}
     work=$(mktemp -d)  # shard lists and logs: the device tool brings back few files
-    ATTNCC_AUTOTUNE=0 python3 -m pytest -q -m gpu tests/gpu --collect-only 2>/dev/null \
+    # TESTS_K: a pytest -k expression selecting a part of the suite
+    ATTNCC_AUTOTUNE=0 python3 -m pytest -q -m gpu tests/gpu ${TESTS_K:+-k "$TESTS_K"} --collect-only 2>/dev/null \
         | grep "::" > "$work/ids.txt"
     echo "$(wc -l < "$work/ids.txt") GPU tests in $shards shards"
     for i in $(seq 0 $((shards - 1))); do

@@ -46,7 +46,17 @@ if target == "cuda":
     # (BLOCK_M, BLOCK_N, num_warps); the split-KV kernels of decode calls take no config
     cuda_tiles = ((128, 64, 4), (128, 32, 4), (64, 64, 4), (64, 32, 4), (128, 64, 8))
     cuda_tiles += ((128, 128, 8), (256, 64, 8), (256, 32, 8))
-    configs = [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": w} for m, n, w in cuda_tiles]
+    configs = [{"wgmma": 0, "BLOCK_M": m, "BLOCK_N": n, "num_warps": w} for m, n, w in cuda_tiles]
+    # the sm_90a kernel (hopper.cu.jinja): 64 rows a warp group
+    configs += [
+        {"wgmma": 1, "BLOCK_N": n, "num_warps": w}
+        for n, w in ((128, 8), (64, 8), (128, 4), (64, 4))
+    ]
+    configs += [
+        {"wgmma": 2, "BLOCK_N": n, "num_warps": 8, "pingpong": pp}
+        for n in (128, 64)
+        for pp in (0, 1)
+    ]
 elif graphed:
     configs = [
         {"BLOCK_M": 16, "BLOCK_N": n, "num_warps": w, "num_stages": s, "waves": waves}
@@ -69,7 +79,9 @@ for arg in sys.argv[4:]:
 
         with open(arg.split("=", 1)[1]) as f:
             variants.update(json.load(f))
-        configs = configs[:1] + [c for c in configs if c["BLOCK_M"] == 256 and c["BLOCK_N"] == 64]
+        configs = configs[:1] + [
+            c for c in configs if c.get("BLOCK_M") == 256 and c["BLOCK_N"] == 64
+        ]
 source, source_key = getattr(module, "_CUDA_SOURCE", ""), getattr(module, "_SOURCE_KEY", "")
 cases = []
 for name, replacements in variants.items():

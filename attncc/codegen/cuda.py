@@ -18,8 +18,8 @@ from typing import Any
 import jinja2
 
 from attncc.codegen import cuda_exprs as cu
+from attncc.codegen import cuda_wgmma, host, plan, templating
 from attncc.codegen import exprs as cx
-from attncc.codegen import host, plan, templating
 from attncc.ir import nodes as ir
 from attncc.passes.schedule import group_subscript
 
@@ -388,6 +388,7 @@ class _Context:
             "head_dim": cx.dim_var(k.head_axis.dim),
             "value_dim": cx.dim_var(k.value_axis.dim),
             "o_col": o_col,
+            "wgmma": cuda_wgmma.instructions(),
             # host side
             "head_dim_name": k.head_axis.dim,
             "value_dim_name": k.value_axis.dim,
@@ -419,7 +420,9 @@ class _Context:
 def render_wgmma_probe() -> str:
     """The CUDA source of the Hopper primitives' probe kernel ``attncc_wgmma_probe``
     (templates/cuda/wgmma_probe.cu.jinja; compile for sm_90a)."""
-    return str(environment().get_template("wgmma_probe.cu.jinja").render())
+    return str(
+        environment().get_template("wgmma_probe.cu.jinja").render(wgmma=cuda_wgmma.instructions())
+    )
 
 
 def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:

@@ -58,8 +58,42 @@ VARIANTS: dict[str, dict[str, object]] = {
         "ATTNCC_SPLIT_STAGES": 2,
         "ATTNCC_FUSED": 0,
     },
+    # the fused kernel's sm_90a variant (hopper.cu.jinja): warp-group MMAs
+    "wgmma-bf16-128": {
+        "ATTNCC_WGMMA": 1,
+        "ATTNCC_M_TILES": 1,
+        "ATTNCC_WARPS": 8,
+        "ATTNCC_BLOCK_N": 128,
+    },
+    "wgmma-fp16-64": {
+        "ATTNCC_WGMMA": 1,
+        "ATTNCC_ELEM": "f16_t",
+        "ATTNCC_DP": 64,
+        "ATTNCC_DVP": 64,
+        "ATTNCC_M_TILES": 1,
+        "ATTNCC_WARPS": 4,
+        "ATTNCC_BLOCK_N": 64,
+    },
+    "wgmma2-bf16-64": {
+        "ATTNCC_WGMMA": 2,
+        "ATTNCC_M_TILES": 1,
+        "ATTNCC_WARPS": 8,
+        "ATTNCC_BLOCK_N": 64,
+        "ATTNCC_PRODUCER_REGISTERS": 32,
+        "ATTNCC_MMA_REGISTERS": 232,
+    },
 }
 FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS] + [("paged_decode", "bf16-128")]
+FULL_COMPILE += [
+    (name, wgmma)
+    for name in ("document_mask", "softcap")
+    for wgmma in ("wgmma-bf16-128", "wgmma2-bf16-64")
+]
+
+
+def arch_flag(variant: str) -> str:
+    """sm_90a for the warp-group MMA variants (their instructions need its features)."""
+    return "-gencode=arch=compute_90a,code=sm_90a" if variant.startswith("wgmma") else "-arch=sm_90"
 
 
 def schedule_of(name: str) -> str:
@@ -77,7 +111,8 @@ def cuda_source(name: str) -> str:
 
 def compile_jobs() -> list[tuple[str, str, str]]:
     """(example, variant, mode): "ptx" runs the front end, "full" ptxas too."""
-    jobs = [(name, variant, "ptx") for name in NAMES for variant in ("bf16-128", "fp32-rows")]
+    variants = ("bf16-128", "fp32-rows", "wgmma-bf16-128")
+    jobs = [(name, variant, "ptx") for name in NAMES for variant in variants]
     jobs += [(name, variant, "full") for name, variant in FULL_COMPILE]
     return jobs
 
@@ -90,7 +125,7 @@ def nvcc_results(tmp: str) -> dict[tuple[str, str, str], tuple[int, str]]:
         defines = [f"-D{k}={v}" for k, v in VARIANTS[variant].items()]
         out = Path(tmp) / f"{name}.{variant}.{mode}"
         flag = "--ptx" if mode == "ptx" else "-c"
-        cmd = [NVCC or "nvcc", "-arch=sm_90", "-std=c++17", flag, str(path), "-o", str(out)]
+        cmd = [NVCC or "nvcc", arch_flag(variant), "-std=c++17", flag, str(path), "-o", str(out)]
         done = subprocess.run([*cmd, *defines], capture_output=True, text=True, timeout=600)
         return done.returncode, done.stdout + done.stderr
 
@@ -112,6 +147,9 @@ def test_example_compiles_with_nvcc(name: str, variant: str, mode: str, nvcc_dir
     code, log = nvcc_results(nvcc_dir)[(name, variant, mode)]
     assert code == 0, f"nvcc failed on {name} ({variant}, {mode}):\n{log[-4000:]}"
     assert "warning" not in log, log[-4000:]
+    if variant.startswith("wgmma") and mode == "ptx" and schedule_of(name) == "fused":
+        ptx = (Path(nvcc_dir) / f"{name}.{variant}.{mode}").read_text()
+        assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in ptx
 
 
 JINJA_LEFTOVER = re.compile(r"\{\{ |\{% |\{#")
@@ -288,12 +326,17 @@ def test_precomputed_values_are_read_by_name() -> None:
 
 def test_document_mask_partial_tiles_read_each_document_id_once() -> None:
     """Partial tiles compare precomputed document ids: the row's once a row, the key's once a
-    key of the thread's fragment (per score, each was a global load)."""
+    key of the thread's fragment (per score, each was a global load). In every loop of the
+    fused kernel: mma.sync's and the two sm_90a ones (#if ATTNCC_WGMMA)."""
     source = build(EXAMPLES / "document_mask.attn", target="cuda").source
     fused = source.split("attncc_document_mask_fwd(", 1)[1].split("attncc_document_mask_rows(")[0]
-    assert "if (!(i_n < key_size && ((((rv0[mt][h] == kv0)) && ((i_m >= i_n)))))) s2" in fused
-    assert fused.count("rv0[mt][h] = row_side0(wr0 + mt * 16 + g + 8 * h);") == 1
-    assert fused.count("const auto kv0 = ") == 1
+    loops = fused.split("#if ATTNCC_WGMMA == 2\n", 1)[1]
+    pipelined, rest = loops.split("\n#elif ATTNCC_WGMMA\n", 1)
+    hopper, mma_sync = rest.split("\n#else\n", 1)
+    for loop in (pipelined, hopper, mma_sync.split("\n#endif\n", 1)[0]):
+        assert "if (!(i_n < key_size && ((((rv0[mt][h] == kv0)) && ((i_m >= i_n)))))) s2" in loop
+        assert loop.count("rv0[mt][h] = row_side0(wr0 + mt * 16 + g + 8 * h);") == 1
+        assert loop.count("const auto kv0 = ") == 1
 
 
 def test_special_float_literals() -> None:

@@ -276,6 +276,58 @@ def test_wgmma_pv_probe_matches_a_matmul() -> None:
         raise AssertionError(f"P * V off by {assumed:.3g}; with the offsets swapped: {swapped:.3g}")
 
 
+WGMMA_CONFIGS = [
+    {"wgmma": 1, "num_warps": w, "BLOCK_N": n} for w, n in ((8, 128), (8, 64), (4, 128), (4, 64))
+] + [{"wgmma": 2, "num_warps": 8, "BLOCK_N": n, "pingpong": pp} for n in (128, 64) for pp in (0, 1)]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "causal",
+        "fused",
+        "gqa_causal",
+        "document_mask",
+        "softcap",
+        "alibi",
+        "sliding_window",
+        "prefix_lm",
+        "bias",
+    ],
+)
+@pytest.mark.parametrize("shape", ["2,3,333,128", "1,4,200,64"])
+def test_wgmma_kernel_matches_the_reference(name: str, shape: str) -> None:
+    """The fused kernel's sm_90a variant (hopper.cu.jinja, the default on an H100/H200) on
+    ragged lengths against the float64 reference: bf16 at head dim 128 in every tile it
+    takes, with the mma.sync kernel ({"wgmma": 0}) on the same inputs; fp16 and head dim 64
+    in the default tile (each configuration is a compile)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU (H100/H200)")
+    from attncc.bench import Shape, bench_inputs, sizes_for
+
+    kernel = attncc.compile(EXAMPLE_DIR / f"{name}.attn", target="cuda")
+    parsed = Shape.parse(shape if name != "gqa_causal" else shape.replace(",3,", ",4:2,", 1))
+    sizes = sizes_for(kernel.ir, parsed)
+    module = kernel.module(interpreted=False)
+    for dtype in (torch.bfloat16, torch.float16):
+        inputs = bench_inputs(kernel.ir, sizes, dtype, documents=3)
+        args = [inputs[n] for n in kernel.input_names]
+        expected, exp_lse = reference(kernel.spec)(*(a.cpu() for a in args), return_lse=True)
+        expected_t, exp_lse_t = torch.from_numpy(expected), torch.from_numpy(exp_lse)
+        seen = torch.isfinite(exp_lse_t)
+        tensors, bound = module._bind(args, {})
+        params = {**kernel.param_defaults(sizes), **bound}
+        every_tile = dtype == torch.bfloat16 and parsed.head_dim == 128
+        others = [{"wgmma": 1}, {"wgmma": 2}]
+        for config in [{"wgmma": 0}, *WGMMA_CONFIGS] if every_tile else others:
+            out, lse = module._forward(tensors, params, True, config)
+            error = (out.double().cpu() - expected_t).abs().max().item()
+            assert error < 3e-2, (dtype, config, error)
+            assert torch.equal(torch.isfinite(lse.cpu()), seen), (dtype, config)
+            lse_error = (lse.double().cpu()[seen] - exp_lse_t[seen]).abs().max().item()
+            assert lse_error < 1e-2, (dtype, config, lse_error)
+
+
 @pytest.mark.parametrize("target", ["triton", "cuda"])
 @pytest.mark.parametrize(("name", "queries"), [("decode", 0), ("speculative_decode", 40)])
 def test_cache_memory_past_the_lengths_never_reaches_the_output(

@@ -1,0 +1,51 @@
+"""The Hopper warp-group MMAs (``wgmma.mma_async``) the CUDA target's sm_90a kernel issues, as
+the inline-asm text ``templates/cuda/wgmma.cu.jinja`` places: one function per (A operand
+source, element type, N). The operand lists are long (N / 2 accumulator registers a thread)
+and numbered, so they are written here rather than spelled out or counted in a template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# N of the m64nNk16 shapes: key tiles of Q * K^T and padded value dims of P * V
+WIDTHS = (64, 128)
+ELEMENTS = (("bf16_t", "bf16"), ("f16_t", "f16"))
+
+
+def _instruction(elem: str, ptx_type: str, n: int, a_in_registers: bool) -> dict[str, Any]:
+    regs = n // 2
+    accumulators = ", ".join(f"%{i}" for i in range(regs))
+    outputs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    if a_in_registers:
+        a_operand = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
+        inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate)'
+        b_index, tail = regs + 4, "1, 1, 1"  # scale A, scale B, B transposed (MN-major)
+    else:
+        a_operand = f"%{regs}"
+        inputs = '"l"(desc_a), "l"(desc_b), "r"(accumulate)'
+        b_index, tail = regs + 1, "1, 1, 0, 0"  # scale A, scale B, neither transposed
+    shape = f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type}"
+    asm = (
+        f"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{b_index + 1}, 0;\\n"
+        f"{shape} {{{accumulators}}}, {a_operand}, %{b_index}, p, {tail};\\n}}\\n"
+    )
+    return {
+        "fn": "wgmma_rs" if a_in_registers else "wgmma_ss",
+        "elem": elem,
+        "n": n,
+        "regs": regs,
+        "a_param": "const unsigned (&a)[4]" if a_in_registers else "unsigned long long desc_a",
+        "asm": asm,
+        "outputs": outputs,
+        "inputs": inputs,
+    }
+
+
+def instructions() -> list[dict[str, Any]]:
+    """Every (A source, element type, N) the sm_90a kernel and the probes use."""
+    return [
+        _instruction(elem, ptx_type, n, a_in_registers)
+        for a_in_registers in (False, True)
+        for elem, ptx_type in ELEMENTS
+        for n in WIDTHS
+    ]
