@@ -70,6 +70,17 @@ class Shape:
         return f"B={self.batch} H={self.heads}{kv} S={self.seq} D={self.head_dim}"
 
 
+def source_variant(source: str, label: str, replacements: list[list[str]]) -> str:
+    """``source`` with each [old, new] text replacement of an A/B variant applied (the
+    benchmark scripts' ``variants=FILE``); an ``old`` that is not there is an error, not a
+    variant that silently equals the baseline."""
+    for old, new in replacements:
+        if old not in source:
+            raise SystemExit(f"variant {label}: {old!r} is not in the generated source")
+        source = source.replace(old, new)
+    return source
+
+
 def default_shapes(kernel: ir.AttentionKernel, head_dim: int = 128) -> list[Shape]:
     """16k tokens per batch at sequence lengths 1k..16k (GQA specs: 32 query / 8 kv heads)."""
     heads, kv = (32, 8) if kernel.group else (16, None)

@@ -24,7 +24,7 @@ import sys
 import torch
 
 import attncc
-from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for
+from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for, source_variant
 from attncc.runtime.timing import cold_copies, median_ms
 
 spec, shape_text = sys.argv[1], sys.argv[2]
@@ -85,11 +85,7 @@ for arg in sys.argv[4:]:
 source, source_key = getattr(module, "_CUDA_SOURCE", ""), getattr(module, "_SOURCE_KEY", "")
 cases = []
 for name, replacements in variants.items():
-    patched = source
-    for old, new in replacements:
-        if old not in patched:
-            raise SystemExit(f"variant {name}: {old!r} is not in the rendered source")
-        patched = patched.replace(old, new)
+    patched = source_variant(source, name, replacements)
     cases += [(name, patched, config) for config in configs]
 
 results = []

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import attncc
-from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for, time_rounds
+from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for, source_variant, time_rounds
 from attncc.cache import atomic_write, cache_dir
 from attncc.runtime.autotune import Tuner
 from attncc.runtime.jit import load_module
@@ -51,11 +51,7 @@ reference = None
 # variant -> configuration index -> its timed calls
 calls: dict[str, dict[int, list[Callable[..., Any]]]] = {}
 for label, replacements in variants.items():
-    patched = source
-    for old, new in replacements:
-        if old not in patched:
-            raise SystemExit(f"variant {label}: {old!r} is not in the generated module")
-        patched = patched.replace(old, new)
+    patched = source_variant(source, label, replacements)
     tag = hashlib.sha256(label.encode()).hexdigest()[:12]  # stable: warm and timed runs share files
     path = cache_dir() / "modules" / f"ab_{tag}_{kernel.path.name}"
     atomic_write(path, patched)  # warm processes of other shapes may write it at once

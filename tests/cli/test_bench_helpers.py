@@ -227,3 +227,11 @@ def test_bench_spec_rows_come_from_interleaved_rounds(monkeypatch: pytest.Monkey
         "flex": pytest.approx(flops / 2.5e-3 / 1e12),
     }
     assert row.config is None and set(row.seconds) == {"first_call", "anchors", "measure"}
+
+
+def test_source_variant_applies_each_replacement_and_rejects_a_missing_one() -> None:
+    from attncc.bench import source_variant
+
+    assert source_variant("a + b * c", "v", [["b", "x"], ["c", "y"]]) == "a + x * y"
+    with pytest.raises(SystemExit, match="variant v: 'z' is not in the generated source"):
+        source_variant("a + b", "v", [["z", "w"]])
