@@ -9,7 +9,8 @@
 #   checks and benchmarks; `sweep` every launch configuration of a few shapes; `cuda` the
 #   CUDA target alone, check of every example + prefill/decode bench, a few minutes;
 #   `cudacol` the matrix's CUDA column and Triton on the same shapes;
-#   `profile` Nsight Compute on the causal prefill of both targets and of FlexAttention)
+#   `profile` Nsight Compute on the causal prefill of both targets and of FlexAttention;
+#   BENCH_TARGET=cuda: `quick` and `decode` bench the CUDA target)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attncc_gpu_out}
@@ -47,7 +48,8 @@ fi
 
 BENCH_JSON="$OUT/bench.jsonl"
 bench() {  # bench SPEC SHAPES DTYPE: rows go to $BENCH_JSON; shapes already there are skipped
-    python3 -m attncc bench "$1" --shapes "$2" --dtype "$3" --json "$BENCH_JSON" --resume 2>&1 \
+    python3 -m attncc bench "$1" --shapes "$2" --dtype "$3" --target "${BENCH_TARGET:-triton}" \
+        --json "$BENCH_JSON" --resume 2>&1 \
         | grep -vE "Warning|return sdpa" | tee -a "$OUT/bench.log"
 }
 if has quick; then

@@ -1,10 +1,11 @@
 """Time every launch configuration of a spec on one shape (GPU): what the autotuner chooses
 from, and whether the candidate list or the defaults should change.
 
-    python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16] [cuda] [quick] [variants=FILE]
+    python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16] [cuda] [quick] [wgmma2]
+        [variants=FILE]
 
 (`cuda`: the CUDA target; `quick`: Triton prefill sweeps only the four tiles that have won
-before.)
+before; `wgmma2`: the CUDA target's sm_90a configurations only, and one mma.sync tile.)
 
 Decode-sized calls (<= 16 queries) sweep tile x `waves` (split count) and are timed as
 CUDA-graph replays over rotating input copies (cold L2), as `attncc bench` times them;
@@ -52,11 +53,18 @@ if target == "cuda":
         {"wgmma": 1, "BLOCK_N": n, "num_warps": w}
         for n, w in ((128, 8), (64, 8), (128, 4), (64, 4))
     ]
+    # variant 2: ping-pong, tensor copies (TMA) or cp.async, two or three stages
     configs += [
-        {"wgmma": 2, "BLOCK_N": n, "num_warps": 8, "pingpong": pp}
-        for n in (128, 64)
-        for pp in (0, 1)
+        {"wgmma": 2, "BLOCK_N": n, "num_warps": 8, "pingpong": pp, "tma": tma, "stages": st}
+        for n, pp, tma, st in itertools.product((128, 64), (0, 1), (1, 0), (2, 3))
     ]
+    # variant 2 with one MMA group: two blocks a multiprocessor
+    configs += [
+        {"wgmma": 2, "BLOCK_N": n, "num_warps": 4, "pingpong": 0, "tma": 1, "stages": 2}
+        for n in (64, 128)
+    ]
+    if "wgmma2" in sys.argv[4:]:  # the sm_90a variants only, beside one mma.sync tile
+        configs = [configs[0], *[c for c in configs if c["wgmma"]]]
 elif graphed:
     configs = [
         {"BLOCK_M": 16, "BLOCK_N": n, "num_warps": w, "num_stages": s, "waves": waves}
@@ -79,9 +87,12 @@ for arg in sys.argv[4:]:
 
         with open(arg.split("=", 1)[1]) as f:
             variants.update(json.load(f))
-        configs = configs[:1] + [
-            c for c in configs if c.get("BLOCK_M") == 256 and c["BLOCK_N"] == 64
-        ]
+        if "wgmma2" in sys.argv[4:]:  # the sm_90a default tile, ping-pong and TMA, 2-3 stages
+            configs = [c for c in configs if c.get("tma") and c["pingpong"] and c["BLOCK_N"] == 128]
+        else:
+            configs = configs[:1] + [
+                c for c in configs if c.get("BLOCK_M") == 256 and c["BLOCK_N"] == 64
+            ]
 source, source_key = getattr(module, "_CUDA_SOURCE", ""), getattr(module, "_SOURCE_KEY", "")
 cases = []
 for name, replacements in variants.items():
@@ -115,7 +126,7 @@ for name, patched, config in cases:
 
 results.sort(key=lambda r: r[0])
 print(f"{kernel.name} {shape_text} {dtype} on {torch.cuda.get_device_name()}")
-for ms, config in results[:12]:
+for ms, config in results[:24]:
     extra = f"{kv_bytes / (ms * 1e-3) / 1e12:.2f} TB/s" if graphed else ""
     print(f"  {ms * 1e3:8.1f} us  {extra}  {config}")
 print(f"  (worst {results[-1][0] * 1e3:.1f} us of {len(results)})")

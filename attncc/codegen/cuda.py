@@ -360,6 +360,28 @@ class _Context:
                 return part.axis
         return -1
 
+    def tma_axes(self) -> dict[str, list[Any]] | None:
+        """K's and V's [tensor, key axis, head-dim axis] for the fused kernel's tensor copies
+        (TMA), or None where a tensor map cannot describe their tiles: a key read through a
+        page table or an expression, or key bounds read from a tensor (keys outside them
+        must load as zeros, and a map zero-fills only past the key axis's end)."""
+        k = self.k
+        assert k.mask_plan is not None
+        if plan.bounds_read_tensors(k.mask_plan):
+            return None
+        axes: dict[str, list[Any]] = {}
+        for name, operand, col in (
+            ("k", k.key, k.head_axis.index),
+            ("v", k.value, k.value_axis.index),
+        ):
+            parts = plan.operand_parts(operand, None, col, self.key)
+            kinds = [part.kind for part in parts]
+            if kinds.count("key") != 1 or kinds.count("col") != 1 or "gather" in kinds:
+                return None
+            key_axis = kinds.index("key")
+            axes[name] = [operand.tensor, parts[key_axis].axis, self.col_axis(operand, col)]
+        return axes
+
     def values(self) -> dict[str, Any]:
         k = self.k
         decls, host_args = self.kernel_params()
@@ -400,6 +422,7 @@ class _Context:
                 "k": [k.key.tensor, self.col_axis(k.key, k.head_axis.index)],
                 "v": [k.value.tensor, self.col_axis(k.value, k.value_axis.index)],
             },
+            "tma_axes": self.tma_axes(),
             "split_programs_host": " * ".join(
                 f"sizes[{(group.kv_dim if group and a.index == group.head.index else a.dim)!r}]"
                 for a in k.batch_axes

@@ -214,3 +214,19 @@ def launch(
             _opt_in_shared(kernel, shared_bytes, device)
     config = core.LaunchConfig(grid=grid, block=block, shmem_size=shared_bytes)
     core.launch(_stream(device), config, kernel, *args)
+
+
+def launch_with_maps(
+    kernel: Any,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    args: Sequence[Any],
+    device: torch.device,
+    shared_bytes: int,
+) -> None:
+    """``launch`` for kernels taking tensor maps (encoded bytes among ``args``), which
+    cuda.core's launcher cannot pass: through the driver API (attncc.runtime.tensor_map)."""
+    from attncc.runtime import tensor_map
+
+    _device(device)
+    tensor_map.launch(kernel, grid, block, args, device, shared_bytes)

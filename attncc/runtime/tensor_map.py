@@ -1,0 +1,158 @@
+"""Tensor maps (TMA descriptors) for the CUDA target's Hopper kernel, and launches that pass
+them by value.
+
+A CUtensorMap is a 128-byte descriptor the driver encodes on the host
+(``cuTensorMapEncodeTiled``); the kernel takes it as a ``__grid_constant__`` parameter and
+its copy engine reads boxes of the tensor through it. cuda.core's launcher passes scalars
+and pointers only, so these launches go through the driver API (``cuLaunchKernel`` through
+ctypes, on PyTorch's current stream) with every parameter as raw bytes.
+
+The fused kernel copies K and V tiles: a box of 64 head-dim columns (128 bytes, the
+128-byte swizzle's line) by ``rows`` keys. Its map views an operand as three dimensions:
+the head dim (contiguous), the key axis (its stride) and the program's base offset in
+16-byte units (stride 16 bytes), so one map serves every program of a launch whatever the
+tensor's other axes are: a program passes its base offset / 8 as the third coordinate.
+The map's view overlaps itself along that axis, which addressing allows; elements past the
+key axis's length or the head dim arrive as zeros (the kernel's zero-fill of ragged tiles).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+# CUtensorMapDataType, CUtensorMapSwizzle, CUtensorMapL2promotion (cuda.h)
+_DATA_TYPES = {torch.float16: 6, torch.bfloat16: 9}
+_SWIZZLE_128B = 3
+_L2_PROMOTION_256B = 3
+_MAP_BYTES = 128
+_BOX_COLUMNS = 64  # 128 bytes of 16-bit elements
+# cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_MAX_DYNAMIC_SHARED = 8
+
+
+class TensorMapRefused(RuntimeError):
+    """The driver would not encode a tensor map for these strides or sizes."""
+
+
+@functools.lru_cache(maxsize=1)
+def _driver() -> Any:
+    lib = ctypes.CDLL("libcuda.so.1")
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
+    lib.cuTensorMapEncodeTiled.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p,
+        u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+    ]  # fmt: skip
+    lib.cuLaunchKernel.restype = ctypes.c_int
+    lib.cuLaunchKernel.argtypes = [
+        ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+    ]  # fmt: skip
+    lib.cuKernelGetFunction.restype = ctypes.c_int
+    lib.cuKernelGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    lib.cuFuncSetAttribute.restype = ctypes.c_int
+    lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.cuGetErrorName.restype = ctypes.c_int
+    lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return lib
+
+
+def _error(code: int) -> str:
+    name = ctypes.c_char_p()
+    _driver().cuGetErrorName(code, ctypes.byref(name))
+    return (name.value or b"").decode() or f"CUresult {code}"
+
+
+def key_tile_map(
+    t: torch.Tensor, key_axis: int, col_axis: int, keys: int, cols: int, rows: int
+) -> bytes:
+    """The encoded map of ``t``'s tiles of ``rows`` keys by 64 head-dim columns (the
+    module's docstring): keys [0, ``keys``) along ``key_axis``, columns [0, ``cols``) along
+    ``col_axis`` (contiguous); every other stride and the start 16-byte aligned (the
+    caller's 16-byte-load check)."""
+    others = [a for a in range(t.dim()) if a not in (key_axis, col_axis)]
+    span = sum((t.shape[a] - 1) * t.stride(a) for a in others) // 8 + 1
+    return _encode(t.data_ptr(), t.dtype, cols, keys, t.stride(key_axis), span, rows)
+
+
+@functools.lru_cache(maxsize=256)
+def _encode(
+    ptr: int, dtype: torch.dtype, cols: int, keys: int, key_stride: int, span: int, rows: int
+) -> bytes:
+    element = 2
+    dims = (ctypes.c_uint64 * 3)(cols, keys, span)
+    strides = (ctypes.c_uint64 * 2)(key_stride * element, 16)
+    box = (ctypes.c_uint32 * 3)(_BOX_COLUMNS, rows, 1)
+    steps = (ctypes.c_uint32 * 3)(1, 1, 1)
+    # the map must sit on a 64-byte boundary: a buffer with room to align it
+    raw = ctypes.create_string_buffer(_MAP_BYTES + 64)
+    at = (ctypes.addressof(raw) + 63) // 64 * 64
+    code = _driver().cuTensorMapEncodeTiled(
+        ctypes.c_void_p(at), _DATA_TYPES[dtype], 3, ctypes.c_void_p(ptr), dims, strides,
+        box, steps, 0, _SWIZZLE_128B, _L2_PROMOTION_256B, 0,
+    )  # fmt: skip
+    if code != 0:
+        raise TensorMapRefused(
+            f"cuTensorMapEncodeTiled: {_error(code)} (dims {cols}, {keys}, {span}; "
+            f"key stride {key_stride} elements; box 64 x {rows})"
+        )
+    return ctypes.string_at(at, _MAP_BYTES)
+
+
+_FUNCTIONS: dict[tuple[int, int], int] = {}
+
+
+def _function(kernel: Any, device_index: int, shared_bytes: int) -> int:
+    """The CUfunction of a cuda.core kernel (a CUkernel) in the current context, allowed
+    ``shared_bytes`` of dynamic shared memory."""
+    key = (int(kernel.handle), device_index)
+    found = _FUNCTIONS.get(key)
+    lib = _driver()
+    if found is None:
+        function = ctypes.c_void_p()
+        code = lib.cuKernelGetFunction(ctypes.byref(function), ctypes.c_void_p(key[0]))
+        if code != 0:
+            raise RuntimeError(f"attncc: cuKernelGetFunction: {_error(code)}")
+        found = _FUNCTIONS[key] = int(function.value or 0)
+    code = lib.cuFuncSetAttribute(ctypes.c_void_p(found), _MAX_DYNAMIC_SHARED, shared_bytes)
+    if code != 0:
+        raise RuntimeError(
+            f"attncc: cannot give a CUDA kernel {shared_bytes} bytes of shared memory "
+            f"({_error(code)})"
+        )
+    return found
+
+
+def launch(
+    kernel: Any,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    args: Sequence[np.generic | bytes],
+    device: torch.device,
+    shared_bytes: int,
+) -> None:
+    """Launch ``kernel`` on PyTorch's current stream of ``device`` (whose context is
+    current): numpy scalars (pointers, ints, floats) and encoded maps, in parameter order."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    function = _function(kernel, index, shared_bytes)
+    buffers = [
+        ctypes.create_string_buffer(a if isinstance(a, bytes) else a.tobytes()) for a in args
+    ]
+    params = (ctypes.c_void_p * len(buffers))(*[ctypes.addressof(b) for b in buffers])
+    stream = int(torch.cuda.current_stream(device).cuda_stream)
+    code = _driver().cuLaunchKernel(
+        ctypes.c_void_p(function),
+        *grid,
+        *block,
+        shared_bytes,
+        ctypes.c_void_p(stream),
+        params,
+        None,
+    )
+    if code != 0:
+        raise RuntimeError(f"attncc: cuLaunchKernel: {_error(code)}")
