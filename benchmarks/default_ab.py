@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
-import triton.testing
 
 import attncc
-from attncc.bench import Shape, bench_inputs, sizes_for
+from attncc.bench import Shape, bench_inputs, sizes_for, time_rounds
+from attncc.runtime.timing import median_ms
 
 spec, shape_text = sys.argv[1], sys.argv[2]
 kernel = attncc.compile(spec, target="cuda")
@@ -24,22 +26,31 @@ sizes = sizes_for(kernel.ir, Shape.parse(shape_text))
 inputs = bench_inputs(kernel.ir, sizes, torch.bfloat16, documents=4)
 args = [inputs[n] for n in kernel.input_names]
 module = kernel.module(interpreted=False)
-cases = [("default", None, None)]
-for arg in sys.argv[3:]:
-    name, value = arg.split("=", 1)
-    cases.append((arg, name, ast.literal_eval(value)))
-best: dict[str, float] = {}
-for _ in range(3):
-    for label, name, value in cases:
+
+
+def timed(name: str | None, value: Any) -> Callable[[], float]:
+    """Times the call with module attribute `name` set to `value` (None: as rendered)."""
+
+    def time_one() -> float:
         saved = getattr(module, name) if name else None
         if name:
             setattr(module, name, value)
-        kernel(*args)
-        torch.cuda.synchronize()
-        ms = float(triton.testing.do_bench(lambda: kernel(*args), return_mode="median"))
-        best[label] = min(best.get(label, ms), ms)
-        if name:
-            setattr(module, name, saved)
+        try:
+            kernel(*args)  # compiles outside the timing
+            torch.cuda.synchronize()
+            return median_ms([lambda: kernel(*args)], graphed=False)
+        finally:
+            if name:
+                setattr(module, name, saved)
+
+    return time_one
+
+
+contenders = {"default": timed(None, None)}
+for arg in sys.argv[3:]:
+    name, value = arg.split("=", 1)
+    contenders[arg] = timed(name, ast.literal_eval(value))
+best = time_rounds(contenders, rounds=3, required="default")
 print(f"{spec} {shape_text} on {torch.cuda.get_device_name()}")
 for label, ms in best.items():
-    print(f"  {ms * 1e3:8.1f} us  {label}")
+    print(f"  {ms * 1e3:8.1f} us  {label}" if ms is not None else f"  failed  {label}")

@@ -374,12 +374,11 @@ class _Context:
             ("k", k.key, k.head_axis.index),
             ("v", k.value, k.value_axis.index),
         ):
-            parts = plan.operand_parts(operand, None, col, self.key)
-            kinds = [part.kind for part in parts]
+            # one part an axis, in axis order
+            kinds = [part.kind for part in plan.operand_parts(operand, None, col, self.key)]
             if kinds.count("key") != 1 or kinds.count("col") != 1 or "gather" in kinds:
                 return None
-            key_axis = kinds.index("key")
-            axes[name] = [operand.tensor, parts[key_axis].axis, self.col_axis(operand, col)]
+            axes[name] = [operand.tensor, kinds.index("key"), kinds.index("col")]
         return axes
 
     def values(self) -> dict[str, Any]:

@@ -204,29 +204,21 @@ def launch(
     args: Sequence[Any],
     device: torch.device,
     shared_bytes: int = 0,
+    maps: Sequence[bytes] = (),
 ) -> None:
     """Launch on PyTorch's current stream of ``device`` with ``shared_bytes`` of dynamic
-    shared memory (``extern __shared__``)."""
+    shared memory (``extern __shared__``); ``maps``, encoded tensor maps, are parameters
+    after ``args``, which cuda.core's launcher cannot pass: such launches go through the
+    driver API (attncc.runtime.tensor_map)."""
     core = _core()
     _device(device)  # the stream's context must be current (the NULL stream uses it)
+    if maps:
+        from attncc.runtime import tensor_map
+
+        tensor_map.launch(kernel, grid, block, (*args, *maps), device, shared_bytes)
+        return
     if shared_bytes > _DEFAULT_SHARED_BYTES:
         with _LOCK:
             _opt_in_shared(kernel, shared_bytes, device)
     config = core.LaunchConfig(grid=grid, block=block, shmem_size=shared_bytes)
     core.launch(_stream(device), config, kernel, *args)
-
-
-def launch_with_maps(
-    kernel: Any,
-    grid: tuple[int, int, int],
-    block: tuple[int, int, int],
-    args: Sequence[Any],
-    device: torch.device,
-    shared_bytes: int,
-) -> None:
-    """``launch`` for kernels taking tensor maps (encoded bytes among ``args``), which
-    cuda.core's launcher cannot pass: through the driver API (attncc.runtime.tensor_map)."""
-    from attncc.runtime import tensor_map
-
-    _device(device)
-    tensor_map.launch(kernel, grid, block, args, device, shared_bytes)

@@ -104,12 +104,14 @@ def _encode(
     return ctypes.string_at(at, _MAP_BYTES)
 
 
-_FUNCTIONS: dict[tuple[int, int], int] = {}
+# (CUkernel handle, device index) -> [its CUfunction, the dynamic shared memory it may use]
+_FUNCTIONS: dict[tuple[int, int], list[int]] = {}
 
 
 def _function(kernel: Any, device_index: int, shared_bytes: int) -> int:
     """The CUfunction of a cuda.core kernel (a CUkernel) in the current context, allowed
-    ``shared_bytes`` of dynamic shared memory."""
+    ``shared_bytes`` of dynamic shared memory (raised once, as nvrtc's opt-in for cuda.core's
+    launches: not on every launch)."""
     key = (int(kernel.handle), device_index)
     found = _FUNCTIONS.get(key)
     lib = _driver()
@@ -118,14 +120,32 @@ def _function(kernel: Any, device_index: int, shared_bytes: int) -> int:
         code = lib.cuKernelGetFunction(ctypes.byref(function), ctypes.c_void_p(key[0]))
         if code != 0:
             raise RuntimeError(f"attncc: cuKernelGetFunction: {_error(code)}")
-        found = _FUNCTIONS[key] = int(function.value or 0)
-    code = lib.cuFuncSetAttribute(ctypes.c_void_p(found), _MAX_DYNAMIC_SHARED, shared_bytes)
-    if code != 0:
-        raise RuntimeError(
-            f"attncc: cannot give a CUDA kernel {shared_bytes} bytes of shared memory "
-            f"({_error(code)})"
-        )
-    return found
+        found = _FUNCTIONS[key] = [int(function.value or 0), 0]
+    if found[1] < shared_bytes:
+        code = lib.cuFuncSetAttribute(ctypes.c_void_p(found[0]), _MAX_DYNAMIC_SHARED, shared_bytes)
+        if code != 0:
+            raise RuntimeError(
+                f"attncc: cannot give a CUDA kernel {shared_bytes} bytes of shared memory "
+                f"({_error(code)})"
+            )
+        found[1] = shared_bytes
+    return found[0]
+
+
+def _parameters(args: Sequence[np.generic | bytes]) -> tuple[Any, Any]:
+    """cuLaunchKernel's parameter array for ``args`` and the buffer it points into (keep it
+    alive until the launch returns): every value's bytes in one buffer, each at an 8-byte
+    boundary (the driver copies each parameter from its pointer)."""
+    parts = [a if isinstance(a, bytes) else a.tobytes() for a in args]
+    starts, at = [], 0
+    for part in parts:
+        starts.append(at)
+        at += -(-len(part) // 8) * 8
+    blob = ctypes.create_string_buffer(at)
+    base = ctypes.addressof(blob)
+    for part, start in zip(parts, starts, strict=True):
+        ctypes.memmove(base + start, part, len(part))
+    return (ctypes.c_void_p * len(parts))(*[base + start for start in starts]), blob
 
 
 def launch(
@@ -140,10 +160,7 @@ def launch(
     current): numpy scalars (pointers, ints, floats) and encoded maps, in parameter order."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     function = _function(kernel, index, shared_bytes)
-    buffers = [
-        ctypes.create_string_buffer(a if isinstance(a, bytes) else a.tobytes()) for a in args
-    ]
-    params = (ctypes.c_void_p * len(buffers))(*[ctypes.addressof(b) for b in buffers])
+    params, _blob = _parameters(args)
     stream = int(torch.cuda.current_stream(device).cuda_stream)
     code = _driver().cuLaunchKernel(
         ctypes.c_void_p(function),
