@@ -1,7 +1,11 @@
-"""``attncc.compile``: spec → IR → passes → Triton or CUDA source → a callable ``Kernel``."""
+"""``attncc.compile``: spec → IR → passes → Triton or CUDA source → a callable ``Kernel``.
+
+The target is "auto" unless asked for: resolved after the passes by ``attncc.target``."""
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,8 +17,9 @@ from attncc.ir.nodes import AttentionKernel, Schedule
 from attncc.passes import default_passes, run_passes
 from attncc.runtime.kernel import Kernel
 from attncc.spec import CheckedSpec, load
+from attncc.target import TARGET_ENV, TARGETS, check_target, resolve_target
 
-TARGETS = ("triton", "cuda")
+__all__ = ["TARGETS", "Built", "build", "compile", "optimise"]
 _TILING_OPTIONS = ("block_m", "block_n", "num_warps", "num_stages")
 
 
@@ -33,17 +38,19 @@ def optimise(
 
 def build(
     spec: str | Path | CheckedSpec,
-    target: str = "triton",
+    target: str = "auto",
     schedule: Schedule | None = None,
     **options: Any,
 ) -> Built:
     """Generate the source for a spec without loading it (``attncc compile -o``).
 
-    ``source`` is the kernel source of the target (a Triton module, or CUDA C++); ``host``
-    the Python module a ``Kernel`` loads (for Triton the same text)."""
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
+    ``target`` is "triton", "cuda" or "auto" (``attncc.target.auto_target``: CUDA for fused
+    prefill on an sm_90 GPU, Triton otherwise); ``Built.target`` is the one used. ``source``
+    is the kernel source of the target (a Triton module, or CUDA C++); ``host`` the Python
+    module a ``Kernel`` loads (for Triton the same text)."""
+    check_target(target)  # before parsing: a typo should not wait for the passes
     checked, kernel = optimise(spec, schedule, **options)
+    target = resolve_target(target, kernel)
     if target == "cuda":
         cuda = cuda_backend.render(kernel, checked.spec.source)
         return Built(checked, kernel, cuda.source, cuda.entry, cuda.host, target)
@@ -63,15 +70,30 @@ class Built:
 
 def compile(
     spec: str | Path | CheckedSpec,
-    target: str = "triton",
+    target: str = "auto",
     schedule: Schedule | None = None,
     **options: Any,
 ) -> Kernel:
     """Compile a spec (text, path to a ``.attn`` file, or checked spec) to a ``Kernel``.
 
     ``target="cuda"`` renders CUDA C++ instead of Triton, compiled with NVRTC on first call
-    (CUDA tensors only)."""
+    (CUDA tensors only). The default, ``"auto"``, picks CUDA where it is the faster backend
+    (fused prefill without a tile index, sm_90 GPU, cuda-python installed) and Triton
+    elsewhere; ``Kernel.target`` says which. A kernel auto made CUDA runs the calls its sm_90a
+    kernels cannot take (CPU tensors, fp32, head dims past 128, ...) on the spec's Triton
+    kernel (``Kernel.fallback``)."""
     built = build(spec, target, schedule, **options)
+    fallback = None
+    if target == "auto" and built.target == "cuda" and os.environ.get(TARGET_ENV, "auto") == "auto":
+        # the rule chose CUDA: the calls without an sm_90a kernel go to Triton (attncc.target)
+        fallback = functools.partial(compile, built.spec, "triton", schedule, **options)
     return Kernel(
-        built.ir.name, built.spec, built.ir, built.source, built.entry, built.target, built.host
+        built.ir.name,
+        built.spec,
+        built.ir,
+        built.source,
+        built.entry,
+        built.target,
+        built.host,
+        fallback,
     )

@@ -329,6 +329,7 @@ class Startup:
 
     compile_s: float
     first_calls: list[tuple[str, float, int]] = field(default_factory=list)  # shape, s, tunings
+    target: str = ""  # the backend compiled for ("auto" resolved)
 
     def __str__(self) -> str:
         calls = ", ".join(
@@ -345,7 +346,7 @@ def bench_spec(
     against: list[str],
     documents: int = 4,
     startup: Startup | None = None,
-    target: str = "triton",
+    target: str = "auto",
     plan: RunPlan | None = None,
     warm_only: bool = False,
     page: int = 16,
@@ -364,12 +365,19 @@ def bench_spec(
         "fused" if target == "cuda" and attncc.optimise(spec)[1].schedule == "naive" else None
     )
     kernel = attncc.compile(spec, target=target, schedule=schedule)  # type: ignore[arg-type]
+    # "auto" resolved: labels say which kernel ran, as with an explicit --target, so rows
+    # stay comparable with earlier result files ("causal [cuda]" is the CUDA kernel)
+    target = kernel.target
     if startup is not None:
         startup.compile_s = time.perf_counter() - began
+        startup.target = target
     rows: list[Row] = []
-    label = kernel.name if target == "triton" else f"{kernel.name} [{target}]"
-    if page != 16 and index_tensor_dims(kernel.ir):
-        label += f" [page {page}]"
+    paged = f" [page {page}]" if page != 16 and index_tensor_dims(kernel.ir) else ""
+
+    def labelled(backend: str) -> str:
+        return (kernel.name if backend == "triton" else f"{kernel.name} [{backend}]") + paged
+
+    label = labelled(target)
     for shape in shapes or default_shapes(kernel.ir):
         if (label, str(shape), dtype) in plan.done:
             continue
@@ -396,6 +404,9 @@ def bench_spec(
             return lambda: kernel(*ordered)
 
         runs = [runner(c) for c in copies]
+        # an auto CUDA kernel runs some calls on Triton (fp32, head dims past 128): the row
+        # names the backend that ran
+        ran = kernel.backend_for(*(inputs[name] for name in kernel.input_names))
         tuned, began = kernel.tuner.tuned, time.perf_counter()
         runs[0]()  # the first call may compile and autotune: keep it out of the timing
         torch.cuda.synchronize()
@@ -436,7 +447,9 @@ def bench_spec(
         ms = best.pop("attncc")
         assert ms is not None  # required: its failure raised
         tbps = kv_bytes * fraction / (ms * 1e-3) / 1e12 if cache_bound else None
-        row = Row(label, str(shape), dtype, ms, flops / (ms * 1e-3) / 1e12, tbps, config=config)
+        row = Row(
+            labelled(ran), str(shape), dtype, ms, flops / (ms * 1e-3) / 1e12, tbps, config=config
+        )
         row.anchors = {name: None for name in against}
         for name, anchor_ms in best.items():
             row.anchors[name] = None if anchor_ms is None else flops / (anchor_ms * 1e-3) / 1e12
@@ -550,7 +563,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     shapes = [Shape.parse(s) for s in args.shapes.split(";") if s] or None
     startup = Startup(0.0)
-    target = getattr(args, "target", "triton")
+    target = getattr(args, "target", "auto")
     deadline = getattr(args, "deadline", None) or os.environ.get("ATTNCC_BENCH_DEADLINE")
     plan = RunPlan(
         getattr(args, "json", None),
@@ -573,6 +586,7 @@ def main(args: argparse.Namespace) -> int:
     if warm_only:
         print(f"warmed {args.spec} ({args.dtype}): {args.shapes}")
         return 0
+    target = startup.target or target
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  target {target}")
     print(startup)
     print(format_rows(rows, against))

@@ -1,4 +1,7 @@
-"""``attncc compile | check | bench | demo``."""
+"""``attncc compile | check | bench | demo``.
+
+``--target`` defaults to ``auto`` (``attncc.target``: CUDA for fused prefill on an sm_90 GPU
+with cuda-python, Triton otherwise); output names the target that ran."""
 
 from __future__ import annotations
 
@@ -11,6 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from attncc.spec import SpecError
+
+# attncc.target.TARGETS, spelled out: importing it would import torch before --help
+TARGET_CHOICES = ("auto", "triton", "cuda")
+TARGET_HELP = "auto (default): cuda for fused prefill on an sm_90 GPU, triton otherwise"
 
 
 def _compile_cmd(args: argparse.Namespace) -> int:
@@ -41,12 +48,13 @@ def _compile_cmd(args: argparse.Namespace) -> int:
         _, kernel = optimise(checked, args.schedule)
         print(kernel_str(kernel))
     if args.output or not printing:
-        source = build(checked, target=args.target, schedule=args.schedule).source
+        built = build(checked, target=args.target, schedule=args.schedule)
         if args.output:
-            Path(args.output).write_text(source)
-            print(f"wrote {args.output}", file=sys.stderr)
+            Path(args.output).write_text(built.source)
+            # auto may pick either backend, and the file's language follows it
+            print(f"wrote {args.output} (target {built.target})", file=sys.stderr)
         else:
-            sys.stdout.write(source)
+            sys.stdout.write(built.source)
     return 0
 
 
@@ -63,7 +71,9 @@ def _check_cmd(args: argparse.Namespace) -> int:
         print("attncc: --target cuda runs on CUDA tensors; add --device cuda", file=sys.stderr)
         return 2
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
-    kernel = attncc.compile(args.spec, target=args.target, schedule=args.schedule)
+    # auto asks this machine's GPU; CPU tensors run only on Triton (its interpreter)
+    target = "triton" if args.target == "auto" and args.device == "cpu" else args.target
+    kernel = attncc.compile(args.spec, target=target, schedule=args.schedule)
     results = check(
         kernel,
         trials=args.trials,
@@ -72,8 +82,8 @@ def _check_cmd(args: argparse.Namespace) -> int:
         dtypes=dtypes,
         max_len=args.max_len,
     )
-    target = "" if args.target == "triton" else f", target {args.target}"
-    print(f"{kernel.name} ({kernel.ir.schedule}, {args.device}{target}):")
+    shown = "" if kernel.target == "triton" else f", target {kernel.target}"
+    print(f"{kernel.name} ({kernel.ir.schedule}, {args.device}{shown}):")
     print(table(results))
     failed = sum(not r.ok for r in results)
     print(f"{len(results) - failed} passed, {failed} failed")
@@ -104,11 +114,12 @@ def _demo_cmd(args: argparse.Namespace) -> int:
     print(
         f"sizes {shown}: output {checked.output}{list(out.shape)}, mean |o| = {abs(out).mean():.4f}"
     )
-    print("\n== 4. compile to Triton")
+    print("\n== 4. compile (target auto)")
     start = time.perf_counter()
-    kernel = attncc.compile(checked)
+    kernel = attncc.compile(checked)  # auto: CUDA only for fused prefill on an sm_90 GPU
     print(
-        f"generated {len(kernel.source.splitlines())} lines in {time.perf_counter() - start:.2f} s"
+        f"target {kernel.target}: generated {len(kernel.source.splitlines())} lines "
+        f"in {time.perf_counter() - start:.2f} s"
     )
     print(f"module: {kernel.path}")
     print(f"\n== 5. check the kernel against the reference on {device}")
@@ -134,7 +145,7 @@ def parser() -> argparse.ArgumentParser:
     compile_p.add_argument(
         "-o", "--output", help="write the generated source here (Python module or CUDA C++)"
     )
-    compile_p.add_argument("--target", default="triton", choices=["triton", "cuda"])
+    compile_p.add_argument("--target", default="auto", choices=TARGET_CHOICES, help=TARGET_HELP)
     compile_p.add_argument("--schedule", choices=["naive", "fused", "split_kv"])
     compile_p.add_argument("--print-ir", action="store_true", help="print the final IR")
     compile_p.add_argument("--print-ir-after", metavar="PASS", help="print the IR after PASS")
@@ -148,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
     check_p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     check_p.add_argument("--dtypes", default="fp32,fp16,bf16")
     check_p.add_argument("--max-len", type=int, default=96, help="largest sequence length drawn")
-    check_p.add_argument("--target", default="triton", choices=["triton", "cuda"])
+    check_p.add_argument("--target", default="auto", choices=TARGET_CHOICES, help=TARGET_HELP)
     check_p.add_argument("--schedule", choices=["naive", "fused", "split_kv"])
     check_p.set_defaults(func=_check_cmd)
 
@@ -170,7 +181,7 @@ def parser() -> argparse.ArgumentParser:
     bench_p.add_argument(
         "--page", type=int, default=16, help="tokens a page of a paged cache (default 16)"
     )
-    bench_p.add_argument("--target", default="triton", choices=["triton", "cuda"])
+    bench_p.add_argument("--target", default="auto", choices=TARGET_CHOICES, help=TARGET_HELP)
     bench_p.add_argument(
         "--resume", action="store_true", help="skip shapes already in the --json file"
     )

@@ -3,11 +3,12 @@
 # example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
 # Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [startup] [decode] [sweep] [cuda] [cudacol] [profile]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [auto] [startup] [decode] [sweep] [cuda] [cudacol] [profile]
 #   (default: tests check bench startup; `bench` is issue 4's whole matrix, resumable across
-#   calls; `quick` one shape a variant; `decode` the split-KV specs only: their GPU tests,
-#   checks and benchmarks; `sweep` every launch configuration of a few shapes; `cuda` the
-#   CUDA target alone, check of every example + prefill/decode bench, a few minutes;
+#   calls; `quick` one shape a variant; `auto` the default target on the variants at 2k-16k;
+#   `decode` the split-KV specs only: their GPU tests, checks and benchmarks; `sweep` every
+#   launch configuration of a few shapes; `cuda` the CUDA target alone, check of every
+#   example + prefill/decode bench, a few minutes;
 #   `cudacol` the matrix's CUDA column and Triton on the same shapes;
 #   `profile` Nsight Compute on the causal prefill of both targets and of FlexAttention;
 #   BENCH_TARGET=cuda: `quick` and `decode` bench the CUDA target)
@@ -61,10 +62,20 @@ if has quick; then
     bench examples/decode.attn "1,32:8,8192,128;8,32:8,8192,128;8,32:8,32768,128" bf16
 fi
 
+if has auto; then
+    # the default target (auto: CUDA for fused prefill on an H100/H200, Triton for document
+    # masks and decode) on issue 4's variants, 2k/4k/16k at head dim 128 and 4k at 64
+    shapes="8,16,2048,128;4,16,4096,128;1,16,16384,128;4,32,4096,64"
+    for spec in fused causal sliding_window alibi softcap document_mask; do
+        BENCH_TARGET=auto bench "examples/$spec.attn" "$shapes" bf16
+    done
+    BENCH_TARGET=auto bench examples/gqa_causal.attn "8,32:8,2048,128;4,32:8,4096,128" bf16
+fi
+
 if has decode; then
     ATTNCC_AUTOTUNE=0 python3 -m pytest -q -m gpu tests/gpu -k "decode or split_kv" 2>&1 | tee "$OUT/gpu_tests_decode.log" | tail -3
     for spec in decode paged_decode decode_window speculative_decode; do
-        ATTNCC_AUTOTUNE=0 python3 -m attncc check "examples/$spec.attn" --device cuda --trials 6 --max-len 4096 || echo "CHECK FAILED: $spec"
+        ATTNCC_AUTOTUNE=0 python3 -m attncc check "examples/$spec.attn" --device cuda --target triton --trials 6 --max-len 4096 || echo "CHECK FAILED: $spec"
     done 2>&1 | tee "$OUT/check_decode.log" | grep -E "passed|FAILED"
     decode_shapes="1,32:8,8192,128;8,32:8,8192,128;1,32:8,32768,128;8,32:8,32768,128"
     bench examples/decode.attn "$decode_shapes" bf16
@@ -166,8 +177,10 @@ if has cuda; then
 fi
 
 if has check; then
+    # the Triton target by name: "auto" would hand fused prefill to the CUDA target on an
+    # H100/H200 (the `cuda` step checks that one)
     for spec in examples/*.attn; do
-        ATTNCC_AUTOTUNE=0 python3 -m attncc check "$spec" --device cuda --trials 4 --max-len 1024 || echo "CHECK FAILED: $spec"
+        ATTNCC_AUTOTUNE=0 python3 -m attncc check "$spec" --device cuda --target triton --trials 4 --max-len 1024 || echo "CHECK FAILED: $spec"
     done > "$OUT/check.log" 2>&1
     grep -E "passed|FAILED" "$OUT/check.log"
 fi

@@ -4,13 +4,16 @@ the wall time per call of back-to-back eager calls through the generated module
 host functions that cost most (cProfile). A call whose eager time exceeds its GPU time is
 limited by Python, not by the kernel.
 
-    python3 benchmarks/host_overhead.py SPEC "B,H:KVH,S,D" [...more SPEC SHAPE pairs]
+    [TARGET=cuda] python3 benchmarks/host_overhead.py SPEC "B,H:KVH,S,D" [...more pairs]
+
+(TARGET: the target compiled for, triton unless set.)
 """
 
 from __future__ import annotations
 
 import cProfile
 import io
+import os
 import pstats
 import sys
 import time
@@ -52,15 +55,42 @@ def graph_us(fn: Callable[[], Any], calls: int = 50) -> float:
     return (time.perf_counter() - began) / calls * 1e6
 
 
+def cuda_pieces(module: Any, tensors: dict[str, Any], params: dict[str, Any]) -> None:
+    """Host microseconds of the CUDA launch path's steps, each alone (no profiler)."""
+    from attncc.runtime import nvrtc
+
+    sizes, dtype, device = module._check(tensors, params)
+    pieces: dict[str, Callable[[], Any]] = {
+        "_check": lambda: module._check(tensors, params),
+        "_vec_flags": lambda: module._vec_flags(tensors, sizes),
+        "_allocate": lambda: module._allocate(sizes, dtype, device, False),
+        "nvrtc._device": lambda: nvrtc._device(device),
+        "current_stream": lambda: torch.cuda.current_stream(device).cuda_stream,
+        "_key_tile_maps": lambda: module._key_tile_maps(tensors, sizes, 128),
+        "_shared_limit": lambda: module._shared_limit(device),
+    }
+    timed = []
+    for name, fn in pieces.items():
+        fn()
+        began = time.perf_counter()
+        for _ in range(1000):
+            fn()
+        timed.append(f"{name} {(time.perf_counter() - began) * 1e3:.1f}")
+    print("  host us a call: " + ", ".join(timed))
+
+
 def report(spec: str, shape_text: str) -> None:
-    kernel = attncc.compile(spec)
+    # Triton unless asked for, as in every earlier run (auto picks CUDA for prefill on an H100)
+    kernel = attncc.compile(spec, target=os.environ.get("TARGET", "triton"))
     sizes = sizes_for(kernel.ir, Shape.parse(shape_text))
     inputs = bench_inputs(kernel.ir, sizes, torch.bfloat16, documents=4)
     args = [inputs[name] for name in kernel.input_names]
     kernel(*args)  # compile and tune
     module = kernel.module(interpreted=False)
     tensors, params = module._bind(args, {})
-    config = kernel.tuner.config(module, tensors, params, False)
+    config = (
+        kernel.tuner.config(module, tensors, params, False) if kernel.target == "triton" else None
+    )
 
     def forward() -> Any:
         return module._forward(tensors, params, False, config)
@@ -72,15 +102,18 @@ def report(spec: str, shape_text: str) -> None:
         f"{kernel.name} {shape_text}: GPU {gpu:.1f} us a call; eager back-to-back "
         f"_forward {eager_forward:.1f} us, compiled op {eager_op:.1f} us; config {config}"
     )
+    if kernel.target == "cuda":
+        cuda_pieces(module, tensors, params)
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(200):
         kernel(*args)
     torch.cuda.synchronize()
     profile.disable()
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(12)
-    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:3000])
+    for order in ("tottime", "cumtime"):
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats(order).print_stats(22)
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:5000])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from attncc.runtime.autotune import PREFILL_CANDIDATES, _as_launch
 from attncc.runtime.jit import load_module
 
 spec, shape_text = sys.argv[1], sys.argv[2]
-kernel = attncc.compile(spec)
+kernel = attncc.compile(spec, target="triton")
 source = kernel.path.read_text()
 fwd = re.search(r"@triton\.jit\(do_not_specialize=\[(.*?)\]\)\ndef (\w+_fwd)\(", source)
 assert fwd is not None, "no fused kernel with a do_not_specialize list"

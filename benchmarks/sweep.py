@@ -2,7 +2,7 @@
 from, and whether the candidate list or the defaults should change.
 
     python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16] [cuda] [quick] [wgmma2]
-        [variants=FILE]
+        [variants=FILE [default]]
 
 (`cuda`: the CUDA target; `quick`: Triton prefill sweeps only the four tiles that have won
 before; `wgmma2`: the CUDA target's sm_90a configurations only, and one mma.sync tile.)
@@ -13,8 +13,9 @@ prefill calls sweep tiles, with and without TMA descriptors, with `do_bench`. Th
 target sweeps its fused kernel's tiles (BLOCK_M: 16 or 32 rows a warp) only, or, with
 `variants=FILE` (JSON: {"name": [[old, new], ...]}), source variants of the rendered CUDA
 (text replacements, each compiled under its own cache key) on two tiles, 128x64 with 4
-warps and 256x64 with 8 (the host's choices before and since session 4): an A/B
-of a kernel change in one device call, without a release of the template.
+warps and 256x64 with 8 (the host's choices before and since session 4), with `wgmma2` on
+the sm_90a default tile, with `default` on the host's default configuration for the shape:
+an A/B of a kernel change in one device call, without a release of the template.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ for arg in sys.argv[4:]:
 
         with open(arg.split("=", 1)[1]) as f:
             variants.update(json.load(f))
-        if "wgmma2" in sys.argv[4:]:  # the sm_90a default tile, ping-pong and TMA, 2-3 stages
+        if "default" in sys.argv[4:]:  # the host's default configuration for the shape only
+            configs = [None]
+        elif "wgmma2" in sys.argv[4:]:  # the sm_90a default tile, ping-pong and TMA, 2-3 stages
             configs = [c for c in configs if c.get("tma") and c["pingpong"] and c["BLOCK_N"] == 128]
         else:
             configs = configs[:1] + [
@@ -122,7 +125,7 @@ for name, patched, config in cases:
     if not diff <= 2e-2:
         print(f"{name} {config}: MISMATCH, max |out - first config's out| = {diff:.3g}")
         continue
-    results.append((ms, {"variant": name, **config} if name else config))
+    results.append((ms, {"variant": name, **(config or {})} if name else config))
 
 results.sort(key=lambda r: r[0])
 print(f"{kernel.name} {shape_text} {dtype} on {torch.cuda.get_device_name()}")

@@ -32,7 +32,7 @@ from attncc.runtime.jit import load_module
 from attncc.runtime.timing import cold_copies, median_ms
 
 spec, shape_text, variants_path = sys.argv[1], sys.argv[2], sys.argv[3]
-kernel = attncc.compile(spec)
+kernel = attncc.compile(spec, target="triton")
 source = kernel.path.read_text()
 with open(variants_path) as f:
     variants: dict[str, list[list[str]]] = {"unchanged": [], **json.load(f)}

@@ -12,6 +12,13 @@ ROOT = str(Path(__file__).resolve().parents[1])
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+# Tests name the target they test, and call the Triton one by leaving it out. "auto", the
+# default, would send fused prefill to the CUDA target on an sm_90 machine with cuda-python,
+# and with it CPU-tensor and Triton-only tests; this makes "auto" mean "triton" for the
+# suite (subprocesses included). tests/test_target.py unsets it to test the rule itself;
+# ATTNCC_TARGET=auto runs the suite under the rule.
+os.environ.setdefault("ATTNCC_TARGET", "triton")
+
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
     """GPU tests skip cleanly, with a reason, where no CUDA device is present."""

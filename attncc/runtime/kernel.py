@@ -7,7 +7,7 @@ the CUDA source and compiles it with NVRTC (``attncc.runtime.nvrtc``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +31,9 @@ class Kernel:
     the compiled kernel, CPU tensors the same kernel in the Triton interpreter (target
     "triton"; target "cuda" needs CUDA tensors). ``source`` is the target's kernel source,
     ``host_source`` the Python module loaded (empty: ``source`` itself, as for Triton).
+    ``fallback`` (target "auto" resolved to "cuda") builds the spec's Triton kernel, which
+    runs the calls the CUDA target has no sm_90a kernel for (CPU tensors, fp32, head dims
+    past 128, unaligned layouts, few queries), compiled on the first such call.
     """
 
     name: str
@@ -40,10 +43,12 @@ class Kernel:
     entry: str
     target: str = "triton"
     host_source: str = ""
+    fallback: Callable[[], Kernel] | None = field(default=None, repr=False)
     path: Path = field(init=False)
     tuner: Tuner = field(init=False, repr=False)
     _host: ModuleType = field(init=False, repr=False)
     _op: Any = field(init=False, repr=False)
+    _fallback_kernel: Kernel | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.path = module_path(self.name, self.host_source or self.source)
@@ -89,6 +94,15 @@ class Kernel:
         out, lse = self._op(*inputs, *values, return_lse=return_lse)
         return (out, lse) if return_lse else out
 
+    def backend_for(self, *args: Any, **kwargs: Any) -> str:
+        """The backend a call with these inputs runs: the target, or "triton" for the calls
+        of an auto CUDA kernel that fall back (see ``fallback``)."""
+        if self.fallback is None:
+            return self.target
+        tensors, params = self._host._bind(args, kwargs)
+        sizes, dtype, device = self._host._check(tensors, params)
+        return "cuda" if self._host._takes_wgmma(tensors, sizes, dtype, device) else "triton"
+
     def warm(self, *args: Any, **kwargs: Any) -> int:
         """Compile, without timing, every launch configuration autotuning would try for
         inputs like these (Triton target, GPU tensors), so that tuning in a later process
@@ -119,7 +133,8 @@ class Kernel:
         self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.target != "triton":
-            return self.module(False)._forward(tensors, params, return_lse)  # type: ignore[no-any-return]
+            fallback = self._fallback_launch if self.fallback is not None else None
+            return self.module(False)._forward(tensors, params, return_lse, None, fallback)  # type: ignore[no-any-return]
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
         module = self.module(interpreted=on_cpu)
         if on_cpu:
@@ -129,6 +144,14 @@ class Kernel:
             config = self.tuner.config(module, tensors, params, return_lse)
             out, lse = module._forward(tensors, params, return_lse, config)
         return out, lse
+
+    def _fallback_launch(
+        self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._fallback_kernel is None:
+            assert self.fallback is not None
+            self._fallback_kernel = self.fallback()
+        return self._fallback_kernel._launch(tensors, params, return_lse)
 
     def _fake(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         tensors, params, return_lse = self._split(args, kwargs)

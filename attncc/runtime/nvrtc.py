@@ -50,6 +50,16 @@ def _core() -> Any:
     return core
 
 
+def available() -> bool:
+    """Whether ``cuda.core`` imports here (imports it, once, if so): the test of ``_core``,
+    for ``target="auto"`` to ask before choosing the CUDA target."""
+    try:
+        _core()
+    except CudaUnavailable:
+        return False
+    return True
+
+
 def pointer(t: torch.Tensor) -> np.uint64:
     return np.uint64(t.data_ptr())
 

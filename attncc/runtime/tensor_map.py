@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -132,20 +133,40 @@ def _function(kernel: Any, device_index: int, shared_bytes: int) -> int:
     return found[0]
 
 
+# struct codes of the numpy scalars a launch passes (pointers, ints, floats)
+_CODES = {np.uint64: "Q", np.int64: "q", np.uint32: "I", np.int32: "i", np.float32: "f"}
+# a parameter list's kinds (a scalar's type, an encoded map's length) -> its packing
+_LAYOUTS: dict[tuple[Any, ...], tuple[struct.Struct, tuple[int, ...]]] = {}
+
+
+def _layout(kinds: tuple[Any, ...]) -> tuple[struct.Struct, tuple[int, ...]]:
+    """One struct for a parameter list: each value at an 8-byte boundary, and the offsets."""
+    fmt, offsets, at = "<", [], 0
+    for kind in kinds:
+        offsets.append(at)
+        if isinstance(kind, int):  # an encoded map's bytes
+            fmt += f"{kind}s{-kind % 8}x"
+            at += kind + -kind % 8
+        else:
+            code = _CODES[kind]
+            fmt += f"{code}{8 - struct.calcsize(code)}x"
+            at += 8
+    return struct.Struct(fmt), tuple(offsets)
+
+
 def _parameters(args: Sequence[np.generic | bytes]) -> tuple[Any, Any]:
     """cuLaunchKernel's parameter array for ``args`` and the buffer it points into (keep it
     alive until the launch returns): every value's bytes in one buffer, each at an 8-byte
-    boundary (the driver copies each parameter from its pointer)."""
-    parts = [a if isinstance(a, bytes) else a.tobytes() for a in args]
-    starts, at = [], 0
-    for part in parts:
-        starts.append(at)
-        at += -(-len(part) // 8) * 8
-    blob = ctypes.create_string_buffer(at)
+    boundary (the driver copies each parameter from its pointer). Packed by one cached
+    struct: per-value bytes and copies cost ~40 us a launch (session 10's profile)."""
+    kinds = tuple(len(a) if isinstance(a, bytes) else type(a) for a in args)
+    layout = _LAYOUTS.get(kinds)
+    if layout is None:
+        layout = _LAYOUTS[kinds] = _layout(kinds)
+    packer, offsets = layout
+    blob = ctypes.create_string_buffer(packer.pack(*args), packer.size)
     base = ctypes.addressof(blob)
-    for part, start in zip(parts, starts, strict=True):
-        ctypes.memmove(base + start, part, len(part))
-    return (ctypes.c_void_p * len(parts))(*[base + start for start in starts]), blob
+    return (ctypes.c_void_p * len(offsets))(*[base + at for at in offsets]), blob
 
 
 def launch(

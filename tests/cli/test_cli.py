@@ -82,3 +82,57 @@ def test_demo_runs_every_step(capsys: pytest.CaptureFixture[str]) -> None:
     for step in ("1. parse", "2. the IR", "3. the float64 reference", "4. compile", "5. check"):
         assert step in out
     assert out.rstrip().endswith("2 passed, 0 failed")
+
+
+# ----------------------------------------------------------------------------- --target auto
+
+
+def fake_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An sm_90 GPU with cuda.core, as far as ``target="auto"`` can tell; no override."""
+    from attncc.runtime import nvrtc
+
+    monkeypatch.delenv("ATTNCC_TARGET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(nvrtc, "_core", lambda: object())
+
+
+def test_target_defaults_to_auto_on_every_command() -> None:
+    from attncc.target import TARGETS
+
+    assert cli.TARGET_CHOICES == TARGETS
+    for command in ("compile", "check", "bench"):
+        args = cli.parser().parse_args([command, "x.attn"])
+        assert args.target == "auto", command
+        assert cli.parser().parse_args([command, "x.attn", "--target", "auto"]).target == "auto"
+
+
+def test_compile_target_auto_names_the_target_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("ATTNCC_TARGET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "causal.py"
+    assert (
+        cli.main(["compile", str(EXAMPLES / "causal.attn"), "--target", "auto", "-o", str(out)])
+        == 0
+    )
+    assert capsys.readouterr().err == f"wrote {out} (target triton)\n"
+    assert "@triton.jit" in out.read_text()
+    fake_sm90(monkeypatch)
+    assert cli.main(["compile", str(EXAMPLES / "causal.attn"), "-o", str(out)]) == 0
+    assert capsys.readouterr().err == f"wrote {out} (target cuda)\n"
+    assert "__global__" in out.read_text()
+
+
+def test_check_on_cpu_resolves_auto_to_triton(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--device cpu runs the Triton interpreter even where auto would pick CUDA."""
+    fake_sm90(monkeypatch)
+    args = ["check", str(EXAMPLES / "causal.attn"), "--target", "auto"]
+    args += ["--trials", "1", "--max-len", "16", "--dtypes", "fp32"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "causal (fused, cpu):" in out  # no ", target cuda"
+    assert out.rstrip().endswith("1 passed, 0 failed")

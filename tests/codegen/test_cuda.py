@@ -92,6 +92,18 @@ VARIANTS: dict[str, dict[str, object]] = {
         "ATTNCC_PRODUCER_REGISTERS": 24,
         "ATTNCC_MMA_REGISTERS": 232,
     },
+    "wgmma2-three-groups-bf16-64": {
+        "ATTNCC_WGMMA": 2,
+        "ATTNCC_DP": 64,
+        "ATTNCC_DVP": 64,
+        "ATTNCC_M_TILES": 1,
+        "ATTNCC_WARPS": 12,
+        "ATTNCC_BLOCK_N": 128,
+        "ATTNCC_TMA": 1,
+        "ATTNCC_STAGES": 3,
+        "ATTNCC_PRODUCER_REGISTERS": 32,
+        "ATTNCC_MMA_REGISTERS": 160,
+    },
     "wgmma2-tma-bf16-128": {
         "ATTNCC_WGMMA": 2,
         "ATTNCC_M_TILES": 1,
@@ -110,6 +122,7 @@ FULL_COMPILE += [
         "wgmma2-bf16-64",
         "wgmma2-tma-bf16-128",
         "wgmma2-one-group-bf16-64",
+        "wgmma2-three-groups-bf16-64",
     )
 ]
 
@@ -281,6 +294,14 @@ def test_wgmma_copies_take_config_and_fall_back_to_cp_async(
         module._defines(torch.bfloat16, 128, 128, (8, 1, 128), None, True, 2, 1, (1, 3))
     )
     assert two_groups["ATTNCC_BLOCKS"] == 1 and two_groups["ATTNCC_STAGES"] == 3
+    three_groups = dict(
+        module._defines(torch.bfloat16, 64, 64, (12, 1, 128), None, True, 2, 0, (1, 3))
+    )
+    assert three_groups["ATTNCC_BLOCKS"] == 1
+    assert (three_groups["ATTNCC_PRODUCER_REGISTERS"], three_groups["ATTNCC_MMA_REGISTERS"]) == (
+        32,
+        160,
+    )
 
     def refuse(*args: object) -> bytes:
         raise module._tensor_map.TensorMapRefused("no")
@@ -290,6 +311,32 @@ def test_wgmma_copies_take_config_and_fall_back_to_cp_async(
     tensors, _ = module._bind([q, k, v], {})
     sizes = {"B": 1, "H": 2, "M": 8, "N": 8, "D": 64}
     assert module._key_tile_maps(tensors, sizes, 128) is None
+
+
+def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sm_90a tiles the host picks: two MMA groups with ping-pong, three on 192-row tiles
+    for head dims up to 64 (their register budget holds only narrow outputs), one on 64-key
+    tiles where a tile index is built; a config asking for three groups at head dim 128 is
+    refused by name."""
+    causal = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
+    documents = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
+    for module in (causal, documents):
+        monkeypatch.setattr(module, "_has_wgmma", lambda device: True)
+    vec = (1, 1, 1)
+    assert causal._wgmma_tiles(None, 128, 128, vec, None) == (2, 8, 128, 1)
+    assert causal._wgmma_tiles(None, 64, 64, vec, None) == (2, 12, 128, 0)
+    assert causal._wgmma_tiles(None, 64, 128, vec, None) == (2, 8, 128, 1)
+    assert documents._wgmma_tiles(None, 64, 64, vec, None) == (2, 4, 64, 0)
+    assert causal._wgmma_tiles({"wgmma": 2, "num_warps": 12}, 64, 64, vec, None) == (
+        2,
+        12,
+        128,
+        0,
+    )
+    with pytest.raises(ValueError, match="12 with wgmma 2 and head dims up to 64"):
+        causal._wgmma_tiles({"wgmma": 2, "num_warps": 12}, 128, 128, vec, None)
+    with pytest.raises(ValueError, match="12 with wgmma 2"):
+        causal._wgmma_tiles({"wgmma": 1, "num_warps": 12}, 64, 64, vec, None)
 
 
 # ----------------------------------------------------------------------------- errors

@@ -1,4 +1,5 @@
-"""The CPU suite's properties at realistic sizes on a CUDA GPU (compiled kernels).
+"""The CPU suite's properties at realistic sizes on a CUDA GPU (compiled Triton kernels; the
+CUDA target's are test_gpu_cuda.py's).
 
 Run on the device by benchmarks/gpu_suite.sh; without a GPU every test here is skipped.
 Every distinct (dtype, head dim, block shape) is a fresh Triton compile, so trial counts stay
@@ -29,7 +30,7 @@ def test_example_matches_reference_on_gpu(path: str, schedule: str) -> None:
     _, lowered = attncc.optimise(path)
     if schedule == "split_kv" and split_kv_blocker(lowered):
         pytest.skip(f"split_kv cannot run this spec: {split_kv_blocker(lowered)}")
-    kernel = attncc.compile(path, schedule=schedule)  # type: ignore[arg-type]
+    kernel = attncc.compile(path, target="triton", schedule=schedule)  # type: ignore[arg-type]
     max_len = 120 if schedule == "split_kv" else 700
     results = check(kernel, trials=3, seed=11, device="cuda", max_len=max_len)
     assert all(r.ok for r in results), table(results)
@@ -38,7 +39,7 @@ def test_example_matches_reference_on_gpu(path: str, schedule: str) -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: Path(p).stem)
 def test_long_sequences_on_gpu(path: str) -> None:
     """Lengths past 1k cross many key tiles and the causal diagonal at several offsets."""
-    kernel = attncc.compile(path)
+    kernel = attncc.compile(path, target="triton")
     results = check(kernel, trials=2, seed=5, device="cuda", dtypes=(torch.bfloat16,), max_len=1500)
     assert all(r.ok for r in results), table(results)
 
@@ -67,7 +68,7 @@ def test_tma_descriptor_loads_on_gpu(name: str, head_dim: int) -> None:
     others and with a tile index)."""
     from attncc.runtime.autotune import PREFILL_CANDIDATES, _as_launch
 
-    kernel = attncc.compile(EXAMPLE_DIR / f"{name}.attn")
+    kernel = attncc.compile(EXAMPLE_DIR / f"{name}.attn", target="triton")
     module = kernel.module(interpreted=False)
     gen = torch.Generator().manual_seed(head_dim)
     heads, kv_heads = (8, 2) if name == "gqa_causal" else (4, 4)
@@ -113,7 +114,7 @@ def test_new_lengths_and_batch_sizes_do_not_recompile(
     import triton
 
     monkeypatch.setenv("ATTNCC_AUTOTUNE", "0")  # one launch configuration for every size
-    kernel = attncc.compile(EXAMPLE_DIR / f"{name}.attn")
+    kernel = attncc.compile(EXAMPLE_DIR / f"{name}.attn", target="triton")
     compiled: list[str] = []
 
     def record(*, fn: object, **_: object) -> None:

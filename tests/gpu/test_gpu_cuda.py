@@ -92,7 +92,7 @@ def test_cuda_strided_and_unaligned_inputs_take_the_scalar_loads() -> None:
 def test_cuda_matches_triton_on_decode_and_prefill() -> None:
     for name, shape in (("decode", None), ("gqa_causal", (2, 8, 300, 128))):
         cuda = attncc.compile(EXAMPLE_DIR / f"{name}.attn", target="cuda")
-        triton = attncc.compile(EXAMPLE_DIR / f"{name}.attn")
+        triton = attncc.compile(EXAMPLE_DIR / f"{name}.attn", target="triton")
         if name == "decode":
             q = torch.randn(4, 32, 128, device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn(4, 3000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
@@ -109,6 +109,31 @@ def test_cuda_matches_triton_on_decode_and_prefill() -> None:
             )
         a, b = cuda(*args), triton(*args)
         assert (a.float() - b.float()).abs().max() < 2e-2, name
+
+
+def test_auto_target_runs_cuda_where_it_is_faster_and_triton_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """target "auto" (the default) on an H100/H200: CUDA for fused prefill, Triton for a
+    tile index and decode; an auto CUDA kernel's calls without an sm_90a kernel (fp32, head
+    dim 256) run the Triton kernel, built on the first of them. Every call matches the
+    reference."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("auto picks the CUDA target on sm_90 GPUs only")
+    monkeypatch.delenv("ATTNCC_TARGET", raising=False)  # the suite's conftest pins triton
+    kernel = attncc.compile(EXAMPLE_DIR / "causal.attn")
+    assert kernel.target == "cuda"
+    assert attncc.compile(EXAMPLE_DIR / "document_mask.attn").target == "triton"
+    assert attncc.compile(EXAMPLE_DIR / "decode.attn").target == "triton"
+    gen = torch.Generator().manual_seed(2)
+    for dtype, head_dim in ((torch.bfloat16, 128), (torch.float32, 64), (torch.bfloat16, 256)):
+        qkv = [torch.randn(2, 3, 300, head_dim, generator=gen).to(dtype) for _ in range(3)]
+        out = kernel(*(t.cuda() for t in qkv))
+        expected = torch.from_numpy(reference(kernel.spec)(*qkv))
+        error = (out.double().cpu() - expected).abs().max().item()
+        assert error < 3e-2, (dtype, head_dim, error)
+        # the first call (bf16, head dim 128) ran the sm_90a kernel, the others Triton
+        assert (kernel._fallback_kernel is None) == (head_dim == 128), (dtype, head_dim)
 
 
 def test_cuda_graph_capture() -> None:
@@ -300,6 +325,11 @@ WGMMA_CONFIGS += [
     {"wgmma": 2, "num_warps": 4, "BLOCK_N": n, "tma": tma, "stages": 2}
     for n, tma in ((64, 1), (128, 1), (64, 0))
 ]
+# head dims up to 64: variant 2 with three MMA groups (192 query rows)
+WGMMA_CONFIGS_64 = [
+    {"wgmma": 2, "num_warps": 12, "BLOCK_N": n, "tma": tma, "stages": stages}
+    for n, tma, stages in ((128, 1, 3), (64, 1, 3), (128, 0, 2))
+]
 
 
 @pytest.mark.parametrize(
@@ -321,7 +351,8 @@ def test_wgmma_kernel_matches_the_reference(name: str, shape: str) -> None:
     """The fused kernel's sm_90a variant (hopper.cu.jinja, the default on an H100/H200) on
     ragged lengths against the float64 reference: bf16 at head dim 128 in every tile it
     takes, with the mma.sync kernel ({"wgmma": 0}) on the same inputs; fp16 and head dim 64
-    in the default tile (each configuration is a compile)."""
+    in the default tiles, and head dim 64 with three MMA groups (each configuration is a
+    compile)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs an sm_90 GPU (H100/H200)")
     from attncc.bench import Shape, bench_inputs, sizes_for
@@ -340,6 +371,7 @@ def test_wgmma_kernel_matches_the_reference(name: str, shape: str) -> None:
         params = {**kernel.param_defaults(sizes), **bound}
         every_tile = dtype == torch.bfloat16 and parsed.head_dim == 128
         others = [{"wgmma": 1}, {"wgmma": 2}]
+        others += WGMMA_CONFIGS_64 if parsed.head_dim == 64 else []
         for config in [{"wgmma": 0}, *WGMMA_CONFIGS] if every_tile else others:
             out, lse = module._forward(tensors, params, True, config)
             error = (out.double().cpu() - expected_t).abs().max().item()
