@@ -377,9 +377,10 @@ def bench_spec(
     def labelled(backend: str) -> str:
         return (kernel.name if backend == "triton" else f"{kernel.name} [{backend}]") + paged
 
-    label = labelled(target)
+    # an auto kernel's rows may name either backend (``backend_for``): done is done
+    labels = {labelled(target)} | ({labelled("triton")} if kernel.fallback else set())
     for shape in shapes or default_shapes(kernel.ir):
-        if (label, str(shape), dtype) in plan.done:
+        if any((label, str(shape), dtype) in plan.done for label in labels):
             continue
         if plan.deadline is not None and time.time() > plan.deadline:
             print(f"  deadline reached: {kernel.name} {shape} and later shapes not measured")

@@ -87,11 +87,14 @@ if has bench; then
     # 4k) x bf16/fp16, and decode. benchmarks/matrix.py compiles in parallel first, then times
     # on every visible GPU. Resumable: rows already in the file are skipped, so repeated calls
     # finish it when the file comes back between them (copy $OUT/matrix.jsonl to
-    # benchmarks/results/matrix.jsonl before the next call).
-    python3 benchmarks/matrix.py --json benchmarks/results/matrix.jsonl --budget "${BUDGET_S:-540}" \
-        --log "$OUT/matrix.log" | tee -a "$OUT/bench.log"
-    cp benchmarks/results/matrix.jsonl "$OUT/matrix.jsonl"
-    python3 benchmarks/matrix_table.py benchmarks/results/matrix.jsonl | tee "$OUT/matrix.md"
+    # benchmarks/results/matrix.jsonl before the next call). MATRIX_TARGET=auto: the default
+    # target's matrix, in benchmarks/results/matrix_auto.jsonl ($OUT/matrix_auto.jsonl).
+    target=${MATRIX_TARGET:-triton}
+    table=matrix$([ "$target" = triton ] || echo "_$target")
+    python3 benchmarks/matrix.py --json "benchmarks/results/$table.jsonl" --budget "${BUDGET_S:-540}" \
+        --target "$target" --log "$OUT/matrix.log" | tee -a "$OUT/bench.log"
+    cp "benchmarks/results/$table.jsonl" "$OUT/$table.jsonl"
+    python3 benchmarks/matrix_table.py "benchmarks/results/$table.jsonl" | tee "$OUT/$table.md"
 fi
 
 if has cudacol; then

@@ -11,6 +11,11 @@ Two phases, both bounded by a wall-clock budget:
 
     python3 benchmarks/matrix.py [--json benchmarks/results/matrix.jsonl] [--budget 560]
                                  [--warm-share 0.35] [--workers N] [--only bf16]
+                                 [--target triton|auto]
+
+``--target auto`` times the default target (CUDA for fused prefill on an H100/H200, Triton
+elsewhere: rows are labelled by the backend that ran) instead of Triton, without the separate
+CUDA column.
 """
 
 from __future__ import annotations
@@ -59,21 +64,28 @@ class Job:
 
     @property
     def label(self) -> str:
-        """The spec as `attncc bench` labels its rows."""
+        """The spec as `attncc bench` labels its rows (auto: either backend's label)."""
         return self.spec if self.target == "triton" else f"{self.spec} [{self.target}]"
 
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Every label a row of this job may have: auto's rows name the backend that ran."""
+        if self.target == "auto":
+            return (self.spec, f"{self.spec} [cuda]")
+        return (self.label,)
 
-def matrix(dtypes: list[str]) -> list[Job]:
+
+def matrix(dtypes: list[str], target: str = "triton") -> list[Job]:
     """Measure jobs: one process per (spec, dtype, target), the bf16 half first (the
-    targets), then the CUDA target's column, the fp16 half and decode."""
+    targets), then (Triton's matrix) the CUDA target's column, the fp16 half and decode."""
     jobs = []
     for dtype in dtypes:
-        jobs += [Job(spec, dtype, tuple(D128 + D64 + ODD)) for spec in VARIANTS]
-        jobs.append(Job("gqa_causal", dtype, tuple(GQA)))
-        if dtype == "bf16":  # the CUDA column, before the fp16 half
+        jobs += [Job(spec, dtype, tuple(D128 + D64 + ODD), target) for spec in VARIANTS]
+        jobs.append(Job("gqa_causal", dtype, tuple(GQA), target))
+        if dtype == "bf16" and target == "triton":  # the CUDA column, before the fp16 half
             for spec in (*VARIANTS, "gqa_causal", "decode", "paged_decode"):
                 jobs.append(Job(spec, "bf16", CUDA_SHAPES.get(spec, ("4,16,4096,128",)), "cuda"))
-    jobs += [Job(spec, "bf16", tuple(DECODE)) for spec in ("decode", "paged_decode")]
+    jobs += [Job(spec, "bf16", tuple(DECODE), target) for spec in ("decode", "paged_decode")]
     return jobs
 
 
@@ -109,7 +121,11 @@ def pending(jobs: list[Job], json_path: str) -> list[Job]:
         done = {(r["spec"], r["shape"], r["dtype"]) for r in rows}
     left = []
     for job in jobs:
-        shapes = tuple(s for s in job.shapes if (job.label, shape_label(s), job.dtype) not in done)
+        shapes = tuple(
+            s
+            for s in job.shapes
+            if not any((label, shape_label(s), job.dtype) in done for label in job.labels)
+        )
         if shapes:
             left.append(Job(job.spec, job.dtype, shapes, job.target))
     return left
@@ -187,11 +203,12 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=0, help="warm processes (0: by cores)")
     parser.add_argument("--only", default="bf16,fp16", help="dtypes, comma separated")
     parser.add_argument("--column", choices=["cuda"], help="only the CUDA column (both targets)")
+    parser.add_argument("--target", choices=["triton", "auto"], default="triton")
     parser.add_argument("--log", default=os.environ.get("OUT", "/tmp") + "/matrix.log")
     args = parser.parse_args()
     began = time.time()
     gpus = [str(i) for i in range(gpu_count())]
-    wanted = cuda_column() if args.column else matrix(args.only.split(","))
+    wanted = cuda_column() if args.column else matrix(args.only.split(","), args.target)
     jobs = pending(wanted, args.json)
     workers = args.workers or max(1, min(24, (os.cpu_count() or 4) - 2))
     with open(args.log, "a") as log:

@@ -235,3 +235,19 @@ def test_source_variant_applies_each_replacement_and_rejects_a_missing_one() -> 
     assert source_variant("a + b * c", "v", [["b", "x"], ["c", "y"]]) == "a + x * y"
     with pytest.raises(SystemExit, match="variant v: 'z' is not in the generated source"):
         source_variant("a + b", "v", [["z", "w"]])
+
+
+def test_the_default_targets_matrix_takes_rows_of_either_backend(tmp_path: Path) -> None:
+    """`--target auto`: every job runs `attncc bench --target auto` (no separate CUDA
+    column), and a shape is done whichever backend's label its row has."""
+    matrix = _matrix_module()
+    jobs = matrix.matrix(["bf16"], "auto")
+    assert {j.target for j in jobs} == {"auto"}
+    assert jobs[0].command("m.jsonl", False)[-2:] == ["--target", "auto"]
+    path = tmp_path / "m.jsonl"
+    causal = next(j for j in jobs if j.spec == "causal")
+    plan = RunPlan(str(path))
+    plan.record(Row("causal [cuda]", str(Shape.parse(causal.shapes[0])), "bf16", 1.0, 1.0, None))
+    plan.record(Row("causal", str(Shape.parse(causal.shapes[1])), "bf16", 1.0, 1.0, None))
+    left = next(j for j in matrix.pending(jobs, str(path)) if j.spec == "causal")
+    assert left.shapes == causal.shapes[2:]

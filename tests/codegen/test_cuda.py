@@ -18,6 +18,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import golden_files
 import jinja2
@@ -337,6 +338,48 @@ def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch)
         causal._wgmma_tiles({"wgmma": 2, "num_warps": 12}, 128, 128, vec, None)
     with pytest.raises(ValueError, match="12 with wgmma 2"):
         causal._wgmma_tiles({"wgmma": 1, "num_warps": 12}, 64, 64, vec, None)
+
+
+def test_the_calls_that_take_the_wgmma_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_takes_wgmma`, which sends an auto kernel's other calls to Triton: 16-bit CUDA tensors
+    on an sm_90 GPU with head dims up to 128 and 16-byte loads, and enough queries for the
+    fused kernel (speculative decode's one-query calls split the keys)."""
+    causal = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
+    drafts = attncc.compile(EXAMPLES / "speculative_decode.attn", target="cuda").module(False)
+    sm90 = {causal: True, drafts: True}
+    for module in (causal, drafts):
+        monkeypatch.setattr(module, "_has_wgmma", lambda device, m=module: sm90[m])
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+
+    def takes(module: Any, dtype: torch.dtype, d: int, rows: int = 200, **kw: Any) -> bool:
+        q, k, v = (torch.zeros(2, 4, rows, d, dtype=dtype) for _ in range(3))
+        if kw.get("padded"):  # rows of d + 4 elements: no 16-byte loads
+            k = torch.zeros(2, 4, rows, d + 4, dtype=dtype)[..., :d]
+        tensors, _ = module._bind([q, k, v], {})
+        sizes = {"B": 2, "H": 4, "M": rows, "N": rows, "D": d}
+        return bool(module._takes_wgmma(tensors, sizes, dtype, kw.get("device", cuda)))
+
+    assert takes(causal, torch.bfloat16, 128) and takes(causal, torch.float16, 64)
+    assert not takes(causal, torch.bfloat16, 128, device=cpu)
+    assert not takes(causal, torch.float32, 128)
+    assert not takes(causal, torch.bfloat16, 256)
+    assert not takes(causal, torch.bfloat16, 128, padded=True)
+    sm90[causal] = False  # another GPU
+    assert not takes(causal, torch.bfloat16, 128)
+    tensors, sizes = few_query_call(drafts)
+    assert drafts._splits_keys(sizes) and not drafts._takes_wgmma(
+        tensors, sizes, torch.bfloat16, cuda
+    )
+
+
+def few_query_call(module: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    """Speculative decode's inputs with one draft query (its split-KV path)."""
+    q = torch.zeros(2, 8, 1, 64, dtype=torch.bfloat16)
+    k, v = (torch.zeros(2, 300, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    lengths = torch.tensor([300, 200], dtype=torch.int32)
+    tensors, params = module._bind([q, k, v, lengths], {})
+    sizes, _, _ = module._check(tensors, params)
+    return tensors, sizes
 
 
 # ----------------------------------------------------------------------------- errors
