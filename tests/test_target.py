@@ -208,6 +208,11 @@ def test_an_auto_cuda_kernel_runs_other_calls_on_triton(monkeypatch: pytest.Monk
     expected = torch.from_numpy(reference(kernel.spec)(q, k, v))
     assert kernel.backend_for(q, k, v) == "triton"
     assert (kernel(q, k, v).double() - expected).abs().max() < 1e-4
+    # params and the row log-sum-exp pass through the fallback
+    expected, expected_lse = reference(kernel.spec)(q, k, v, scale=0.3, return_lse=True)
+    out, lse = kernel(q, k, v, scale=0.3, return_lse=True)
+    assert (out.double() - torch.from_numpy(expected)).abs().max() < 1e-4
+    assert (lse.double() - torch.from_numpy(expected_lse)).abs().max() < 1e-4
     with pytest.raises(ValueError, match="target 'cuda' needs CUDA tensors"):
         attncc.compile(EXAMPLES / "causal.attn", target="cuda")(q, k, v)
     monkeypatch.setenv(TARGET_ENV, "cuda")  # asked for by name: no fallback
