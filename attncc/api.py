@@ -5,7 +5,6 @@ The target is "auto" unless asked for: resolved after the passes by ``attncc.tar
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from attncc.ir.nodes import AttentionKernel, Schedule
 from attncc.passes import default_passes, run_passes
 from attncc.runtime.kernel import Kernel
 from attncc.spec import CheckedSpec, load
-from attncc.target import TARGET_ENV, TARGETS, check_target, resolve_target
+from attncc.target import TARGETS, check_target, decided_by_rule, resolve_target
 
 __all__ = ["TARGETS", "Built", "build", "compile", "optimise"]
 _TILING_OPTIONS = ("block_m", "block_n", "num_warps", "num_stages")
@@ -84,7 +83,7 @@ def compile(
     kernel (``Kernel.fallback``)."""
     built = build(spec, target, schedule, **options)
     fallback = None
-    if target == "auto" and built.target == "cuda" and os.environ.get(TARGET_ENV, "auto") == "auto":
+    if built.target == "cuda" and decided_by_rule(target):
         # the rule chose CUDA: the calls without an sm_90a kernel go to Triton (attncc.target)
         fallback = functools.partial(compile, built.spec, "triton", schedule, **options)
     return Kernel(

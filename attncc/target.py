@@ -42,6 +42,12 @@ def resolve_target(target: str, kernel: AttentionKernel) -> str:
     return auto_target(kernel) if target == "auto" else target
 
 
+def decided_by_rule(target: str) -> bool:
+    """Whether ``resolve_target(target, ...)`` applies ``auto_target`` (not a target asked for
+    by name or through ``$ATTNCC_TARGET``): only then may a call fall back to Triton."""
+    return target == "auto" and (os.environ.get(TARGET_ENV) or "auto") == "auto"
+
+
 def auto_target(kernel: AttentionKernel) -> str:
     """``"cuda"`` when ``kernel`` (after every pass) is fused prefill without a tile index, the
     current CUDA device is sm_90 and cuda-python's ``cuda.core`` imports; else ``"triton"``.

@@ -215,5 +215,7 @@ def test_an_auto_cuda_kernel_runs_other_calls_on_triton(monkeypatch: pytest.Monk
     assert (lse.double() - torch.from_numpy(expected_lse)).abs().max() < 1e-4
     with pytest.raises(ValueError, match="target 'cuda' needs CUDA tensors"):
         attncc.compile(EXAMPLES / "causal.attn", target="cuda")(q, k, v)
+    monkeypatch.setenv(TARGET_ENV, "")  # unset in effect: the rule, with its fallback
+    assert attncc.compile(EXAMPLES / "causal.attn").fallback is not None
     monkeypatch.setenv(TARGET_ENV, "cuda")  # asked for by name: no fallback
     assert attncc.compile(EXAMPLES / "causal.attn").fallback is None

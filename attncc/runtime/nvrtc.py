@@ -220,13 +220,13 @@ def launch(
     shared memory (``extern __shared__``); ``maps``, encoded tensor maps, are parameters
     after ``args``, which cuda.core's launcher cannot pass: such launches go through the
     driver API (attncc.runtime.tensor_map)."""
-    core = _core()
     _device(device)  # the stream's context must be current (the NULL stream uses it)
     if maps:
         from attncc.runtime import tensor_map
 
         tensor_map.launch(kernel, grid, block, (*args, *maps), device, shared_bytes)
         return
+    core = _core()
     if shared_bytes > _DEFAULT_SHARED_BYTES:
         with _LOCK:
             _opt_in_shared(kernel, shared_bytes, device)
