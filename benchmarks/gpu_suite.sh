@@ -3,7 +3,7 @@
 # example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
 # Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [auto] [startup] [decode] [sweep] [cuda] [cudacol] [profile]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [auto] [startup] [decode] [sweep] [cuda] [cudacol] [profile] [ab]
 #   (default: tests check bench startup; `bench` is issue 4's whole matrix, resumable across
 #   calls; `quick` one shape a variant; `auto` the default target on the variants at 2k-16k;
 #   `decode` the split-KV specs only: their GPU tests, checks and benchmarks; `sweep` every
@@ -11,6 +11,7 @@
 #   example + prefill/decode bench, a few minutes;
 #   `cudacol` the matrix's CUDA column and Triton on the same shapes;
 #   `profile` Nsight Compute on the causal prefill of both targets and of FlexAttention;
+#   `ab` default_ab.py of AB_CASES with AB_REPLACE (the CUDA target's defaults A/B);
 #   BENCH_TARGET=cuda: `quick` and `decode` bench the CUDA target)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +71,18 @@ if has auto; then
         BENCH_TARGET=auto bench "examples/$spec.attn" "$shapes" bf16
     done
     BENCH_TARGET=auto bench examples/gqa_causal.attn "8,32:8,2048,128;4,32:8,4096,128" bf16
+fi
+
+if has ab; then
+    # default_ab.py (the CUDA target's defaults against replacements, interleaved, through the
+    # call path) on each "SPEC SHAPE" of AB_CASES (;-separated), replacements in AB_REPLACE
+    IFS=';' read -ra ab_cases <<< "${AB_CASES:?AB_CASES: \"causal 8,16,2048,128;...\"}"
+    for ab_case in "${ab_cases[@]}"; do
+        read -r ab_spec ab_shape <<< "$ab_case"
+        # shellcheck disable=SC2086  # one argument per replacement
+        timeout 240 python3 benchmarks/default_ab.py "examples/$ab_spec.attn" "$ab_shape" ${AB_REPLACE:-} 2>&1 \
+            | grep -vE "Warning|warn" | tee -a "$OUT/ab.log"
+    done
 fi
 
 if has decode; then

@@ -340,6 +340,27 @@ def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch)
         causal._wgmma_tiles({"wgmma": 1, "num_warps": 12}, 64, 64, vec, None)
 
 
+def test_fused_grid_is_persistent_for_variant_two_without_a_tile_index(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fused launch's blocks: as many as the GPU holds at once (multiprocessors x blocks
+    a multiprocessor) where the kernel loops over items (variant 2 without a tile index),
+    else one an item; `config` turns it off, caps the blocks (tests: many items a block) and
+    groups programs; a cap the kernel cannot honour is refused by name."""
+    module = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
+    monkeypatch.setattr(module, "_multiprocessors", lambda device: 132)
+    assert module._fused_grid(None, 2048, 128, True, 1, None) == (132, 1)
+    assert module._fused_grid(None, 2048, 128, True, 2, None) == (264, 1)
+    assert module._fused_grid(None, 18, 3, True, 1, None) == (18, 1)
+    assert module._fused_grid(None, 2048, 128, False, 1, None) == (2048, 1)
+    assert module._fused_grid({"persistent": 0}, 2048, 128, True, 1, None) == (2048, 1)
+    assert module._fused_grid({"blocks": 3, "group_programs": 4}, 18, 3, True, 1, None) == (3, 3)
+    with pytest.raises(ValueError, match="needs the persistent kernel"):
+        module._fused_grid({"blocks": 3}, 18, 3, False, 1, None)
+    with pytest.raises(ValueError, match="persistent 0 or 1"):
+        module._fused_grid({"persistent": 2}, 18, 3, True, 1, None)
+
+
 def test_the_calls_that_take_the_wgmma_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """`_takes_wgmma`, which sends an auto kernel's other calls to Triton: 16-bit CUDA tensors
     on an sm_90 GPU with head dims up to 128 and 16-byte loads, and enough queries for the
@@ -497,8 +518,8 @@ def test_document_mask_partial_tiles_read_each_document_id_once() -> None:
     source = build(EXAMPLES / "document_mask.attn", target="cuda").source
     fused = source.split("attncc_document_mask_fwd(", 1)[1].split("attncc_document_mask_rows(")[0]
     loops = fused.split("#if ATTNCC_WGMMA == 2\n", 1)[1]
-    pipelined, rest = loops.split("\n#elif ATTNCC_WGMMA\n", 1)
-    hopper, mma_sync = rest.split("\n#else\n", 1)
+    pipelined, rest = loops.split("\n#else\n    const int item = (int)blockIdx.x;\n", 1)
+    hopper, mma_sync = rest.split("\n#if ATTNCC_WGMMA\n", 1)[1].split("\n#else\n", 1)
     # the pipelined loop has its tile body twice: the first tile a group sees has no pending
     # P V to issue
     bodies = {"pipelined": 2, "hopper": 1, "mma_sync": 1}

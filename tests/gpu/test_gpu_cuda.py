@@ -381,6 +381,63 @@ def test_wgmma_kernel_matches_the_reference(name: str, shape: str) -> None:
             assert lse_error < 1e-2, (dtype, config, lse_error)
 
 
+# variant 2's persistent grid: two groups with ping-pong and tensor copies (the default),
+# cp.async without ping-pong, one MMA group (two blocks a multiprocessor)
+PERSISTENT_CONFIGS = [
+    {"wgmma": 2, "num_warps": 8, "BLOCK_N": 128, "pingpong": 1, "tma": 1, "stages": 3},
+    {"wgmma": 2, "num_warps": 8, "BLOCK_N": 64, "pingpong": 0, "tma": 0, "stages": 2},
+    {"wgmma": 2, "num_warps": 4, "BLOCK_N": 64, "tma": 1, "stages": 2},
+]
+
+
+@pytest.mark.parametrize(
+    "name", ["causal", "fused", "gqa_causal", "sliding_window", "softcap", "prefix_lm", "alibi"]
+)
+def test_persistent_blocks_take_many_items(name: str) -> None:
+    """Variant 2 with few blocks, each looping over many items (query blocks of several
+    programs, in groups), its ring of K/V stages and its Q copies running on across them:
+    bit-identical to a block an item (same tiles, same arithmetic) and within the tolerance
+    of the float64 reference, for every configuration, a negative scale (Q's sign flip per
+    group) and head dim 64 with three MMA groups."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU (H100/H200)")
+    from attncc.bench import Shape, bench_inputs, sizes_for
+
+    kernel = attncc.compile(EXAMPLE_DIR / f"{name}.attn", target="cuda")
+    module = kernel.module(interpreted=False)
+    three_groups = {"wgmma": 2, "num_warps": 12, "BLOCK_N": 128, "tma": 1, "stages": 3}
+    for shape, configs in (
+        ("2,3,333,128", PERSISTENT_CONFIGS),
+        ("2,2,457,64", [three_groups]),
+        ("4,16,1000,128", [{}]),  # the defaults: more items than the grid's blocks
+    ):
+        batch, _, rest = shape.split(",", 2)
+        parsed = Shape.parse(f"{batch},4:2,{rest}" if name == "gqa_causal" else shape)
+        sizes = sizes_for(kernel.ir, parsed)
+        inputs = bench_inputs(kernel.ir, sizes, torch.bfloat16, documents=3)
+        args = [inputs[n] for n in kernel.input_names]
+        tensors, bound = module._bind(args, {})
+        scales = [None, -0.2] if "scale" in kernel.param_defaults(sizes) else [None]
+        for scale in scales:
+            params = {**kernel.param_defaults(sizes), **bound}
+            if scale is not None:
+                params["scale"] = scale
+            scale_kw = {} if scale is None else {"scale": scale}
+            expected = reference(kernel.spec)(*(a.cpu() for a in args), **scale_kw)
+            for config in configs:
+                one, one_lse = module._forward(tensors, params, True, {**config, "persistent": 0})
+                error = (one.double().cpu() - torch.from_numpy(expected)).abs().max().item()
+                assert error < 3e-2, (shape, scale, config, error)
+                grids = [{}] if not config else [{"blocks": 1}, {"blocks": 5, "group_programs": 2}]
+                grids += [{"blocks": 7, "group_programs": 4}] if config else [{"group_programs": 8}]
+                for grid in grids:
+                    out, lse = module._forward(tensors, params, True, {**config, **grid})
+                    assert torch.equal(out, one), (shape, scale, config, grid)
+                    assert torch.equal(lse, one_lse), (shape, scale, config, grid)
+                    # the work counter is left zero for the next launch
+                    assert not module._arrivals(args[0].device, 2)[:2].any().item()
+
+
 def _strided_views(b: int, h: int, n: int, d: int, gen: torch.Generator) -> list[torch.Tensor]:
     """[b, h, n, d] views of K/V-like tensors in other layouts: sequence outside the heads
     (a transpose), head-dim rows padded to d + 8 (nothing contiguous past the head dim), and
