@@ -293,10 +293,21 @@ class _Context:
             names = (f"row_lo_{i}", f"row_hi_{i}", f"key_lo_{i}", f"key_hi_{i}")
             live.append(f"({plan.can_meet(sep.op, *names, logic=plan.CUDA_LOGIC)})")
             full.append(f"({plan.always(sep.op, *names, logic=plan.CUDA_LOGIC)})")
+        # variant 2's index is built per call by a kernel of its own: one program per
+        # (index program, query block), the index programs those of index.axes (heads share
+        # one index where only document ids per sequence are read)
+        program = "0"
+        for axis in index.axes:
+            var, size = cx.index_var(axis.index), cx.dim_var(axis.dim)
+            program = var if program == "0" else f"({program}) * {size} + {var}"
         return {
             "masks": masks,
             "live": " && ".join(live),
             "full": " && ".join(full) if index.full else "false",
+            "build_fn": f"attncc_{self.name}_tile_index",
+            "batch_lines": self.decompose([(cx.index_var(a.index), a.dim) for a in index.axes]),
+            "program": program,
+            "programs_host": " * ".join(f"sizes[{a.dim!r}]" for a in index.axes) or "1",
         }
 
     def split_mode(self) -> dict[str, Any] | None:
@@ -397,6 +408,10 @@ class _Context:
             "rows_fn": f"attncc_{self.name}_rows",
             "fused": fused,
             "tile_index_masks": len(fused["tile_index"]["masks"]) if fused["tile_index"] else 0,
+            "index_fn": fused["tile_index"]["build_fn"] if fused["tile_index"] else None,
+            "index_programs_host": (
+                fused["tile_index"]["programs_host"] if fused["tile_index"] else "1"
+            ),
             "split": split,
             "kernel_params": decls,
             "launch_args": host_args,

@@ -64,6 +64,11 @@ def pointer(t: torch.Tensor) -> np.uint64:
     return np.uint64(t.data_ptr())
 
 
+def null_pointer() -> np.uint64:
+    """A pointer parameter a launch passes but the kernel does not read."""
+    return np.uint64(0)
+
+
 def int32(x: int) -> np.int32:
     return np.int32(int(x))
 

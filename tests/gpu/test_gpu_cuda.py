@@ -391,14 +391,25 @@ PERSISTENT_CONFIGS = [
 
 
 @pytest.mark.parametrize(
-    "name", ["causal", "fused", "gqa_causal", "sliding_window", "softcap", "prefix_lm", "alibi"]
+    "name",
+    [
+        "causal",
+        "fused",
+        "gqa_causal",
+        "sliding_window",
+        "softcap",
+        "prefix_lm",
+        "alibi",
+        "document_mask",
+    ],
 )
 def test_persistent_blocks_take_many_items(name: str) -> None:
     """Variant 2 with few blocks, each looping over many items (query blocks of several
     programs, in groups), its ring of K/V stages and its Q copies running on across them:
     bit-identical to a block an item (same tiles, same arithmetic) and within the tolerance
     of the float64 reference, for every configuration, a negative scale (Q's sign flip per
-    group) and head dim 64 with three MMA groups."""
+    group) and head dim 64 with three MMA groups; the document mask's tile index comes from
+    its builder kernel."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs an sm_90 GPU (H100/H200)")
     from attncc.bench import Shape, bench_inputs, sizes_for
