@@ -59,7 +59,8 @@ def auto_target(kernel: AttentionKernel) -> str:
     # the CUDA target; naive has no CUDA kernels at all.
     if kernel.schedule != "fused" or kernel.query_axis is None:
         return "triton"
-    # Document masks (a tile index): Triton 1.10x FlexAttention, the CUDA target about 0.9x.
+    # Document masks (a tile index): Triton 1.08-1.11x FlexAttention, the CUDA target
+    # 0.93-1.17x (ahead from 16k only; docs/performance.md, session 11).
     if kernel.tile_index is not None:
         return "triton"
     # The CUDA target's lead (1.15-1.25x Triton on causal, full and GQA prefill) comes from
