@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -251,3 +252,36 @@ def test_the_default_targets_matrix_takes_rows_of_either_backend(tmp_path: Path)
     plan.record(Row("causal", str(Shape.parse(causal.shapes[1])), "bf16", 1.0, 1.0, None))
     left = next(j for j in matrix.pending(jobs, str(path)) if j.spec == "causal")
     assert left.shapes == causal.shapes[2:]
+
+
+def test_matrix_table_puts_cuda_rows_beside_triton_or_on_their_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A "[cuda]" row fills the CUDA columns of the Triton row on its shape (the Triton
+    matrix with its CUDA column); with no Triton row there (the default target's matrix,
+    `matrix.py --target auto`) it is a row of its own, with its ratios to the anchors."""
+    path = EXAMPLES.parent / "benchmarks" / "matrix_table.py"
+    spec = importlib.util.spec_from_file_location("matrix_table_script", path)
+    assert spec is not None and spec.loader is not None
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    anchors = {"sdpa-flash": 100.0, "sdpa-cudnn": 200.0, "flex": 150.0}
+
+    def bench_row(name: str, seq: int, tflops: float) -> str:
+        shape = f"B=1 H=16 S={seq} D=128"
+        fields = {"spec": name, "shape": shape, "dtype": "bf16", "tflops": tflops}
+        return json.dumps({**fields, "tbps": None, "anchors": anchors})
+
+    rows_in = [bench_row("causal", 4096, 300.0), bench_row("causal [cuda]", 4096, 450.0)]
+    rows_in += [bench_row("causal [cuda]", 2048, 180.0), bench_row("document_mask", 4096, 165.0)]
+    (tmp_path / "m.jsonl").write_text("\n".join(rows_in) + "\n")
+    table.main(str(tmp_path / "m.jsonl"))
+    lines = capsys.readouterr().out.splitlines()[2:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines]
+    # name, TFLOP/s, TB/s, x FA2, x cuDNN, x Flex, x copy, CUDA TFLOP/s, CUDA / Triton
+    assert [row[:1] + row[3:] for row in rows] == [
+        ["causal [cuda]", "180", "-", "1.80", "0.90", "1.20", "-", "-", "-"],
+        ["causal", "300", "-", "3.00", "1.50", "2.00", "-", "450", "1.50"],
+        ["document_mask", "165", "-", "1.65", "0.82", "1.10", "-", "-", "-"],
+    ]
+    assert [row[1] for row in rows] == [f"B=1 H=16 S={s} D=128" for s in (2048, 4096, 4096)]
