@@ -296,18 +296,15 @@ class _Context:
         # variant 2's index is built per call by a kernel of its own: one program per
         # (index program, query block), the index programs those of index.axes (heads share
         # one index where only document ids per sequence are read)
-        program = "0"
-        for axis in index.axes:
-            var, size = cx.index_var(axis.index), cx.dim_var(axis.dim)
-            program = var if program == "0" else f"({program}) * {size} + {var}"
+        programs = plan.index_programs(index.axes)
         return {
             "masks": masks,
             "live": " && ".join(live),
             "full": " && ".join(full) if index.full else "false",
             "build_fn": f"attncc_{self.name}_tile_index",
             "batch_lines": self.decompose([(cx.index_var(a.index), a.dim) for a in index.axes]),
-            "program": program,
-            "programs_host": " * ".join(f"sizes[{a.dim!r}]" for a in index.axes) or "1",
+            "program": programs.program,
+            "programs_host": programs.count_host,
         }
 
     def split_mode(self) -> dict[str, Any] | None:

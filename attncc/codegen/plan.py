@@ -14,6 +14,7 @@ from attncc.codegen.exprs import (
     dim_var,
     divisor_vars,
     fast_division,
+    index_var,
     param_var,
     stride_var,
     tensor_var,
@@ -145,6 +146,28 @@ def divisor_dims(kernel: ir.AttentionKernel) -> tuple[str, ...]:
         if fast_division(expr):
             found[expr.right.name] = None  # type: ignore[union-attr]
     return tuple(found)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexPrograms:
+    """The tile index's programs (one per value of its batch axes, ir.TileIndex.axes): a
+    program's number from the index variables (``program``), and their count in the kernel
+    (``count``) and on the host (``count_host``, from ``sizes``)."""
+
+    program: str
+    count: str
+    count_host: str
+
+
+def index_programs(axes: tuple[ir.Axis, ...]) -> IndexPrograms:
+    """Programs of a tile index over ``axes``, the last fastest (both backends' builders)."""
+    program, count = "0", "1"
+    for axis in axes:
+        var, size = index_var(axis.index), dim_var(axis.dim)
+        program = var if program == "0" else f"({program}) * {size} + {var}"
+        count = size if count == "1" else f"{count} * {size}"
+    count_host = " * ".join(f"sizes[{a.dim!r}]" for a in axes) or "1"
+    return IndexPrograms(program, count, count_host)
 
 
 def bounds_read_tensors(mask_plan: ir.MaskPlan) -> bool:

@@ -261,11 +261,7 @@ class _Context:
             )
             live.append(f"({plan.can_meet(sep.op, row_lo, row_hi, key_lo, key_hi)})")
             full.append(f"({plan.always(sep.op, row_lo, row_hi, key_lo, key_hi)})")
-        program, programs = "0", "1"
-        for axis in index.axes:
-            var, size = cx.index_var(axis.index), cx.dim_var(axis.dim)
-            program = var if program == "0" else f"({program}) * {size} + {var}"
-            programs = size if programs == "1" else f"{programs} * {size}"
+        programs = plan.index_programs(index.axes)
         return {
             "build_fn": f"_attncc_{cx.safe_name(self.k.name)}_tile_index",
             "runtime_ints": self.runtime_ints(("KEY_TILES",)),
@@ -275,9 +271,9 @@ class _Context:
             "live": " & ".join(live),
             # a residual mask that is not separable applies per element in every tile
             "full": " & ".join(full) if index.full else "live & (tiles < 0)",
-            "program": program,
-            "programs": programs,
-            "programs_host": " * ".join(f"sizes[{a.dim!r}]" for a in index.axes) or "1",
+            "program": programs.program,
+            "programs": programs.count,
+            "programs_host": programs.count_host,
             "key_size": cx.dim_var(self.k.key_axis.dim),
         }
 
