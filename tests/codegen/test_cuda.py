@@ -359,6 +359,11 @@ def test_fused_grid_is_persistent_for_variant_two_without_a_tile_index(
         module._fused_grid({"blocks": 3}, 18, 3, False, 1, None)
     with pytest.raises(ValueError, match="persistent 0 or 1"):
         module._fused_grid({"persistent": 2}, 18, 3, True, 1, None)
+    # the document mask's index builder: a block row per batch entry, so at most 65535
+    documents = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
+    sizes = {"B": 70000, "H": 1, "N": 64, "D": 64}
+    with pytest.raises(ValueError, match="at most 65535 index programs"):
+        documents._built_tile_index(None, (), sizes, 1, 64, 64, None)
 
 
 def test_the_calls_that_take_the_wgmma_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
