@@ -3,7 +3,7 @@
 # example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
 # Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [auto] [startup] [decode] [sweep] [cuda] [cudacol] [profile] [ab]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [auto] [startup] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times]
 #   (default: tests check bench startup; `bench` is issue 4's whole matrix, resumable across
 #   calls; `quick` one shape a variant; `auto` the default target on the variants at 2k-16k;
 #   `decode` the split-KV specs only: their GPU tests, checks and benchmarks; `sweep` every
@@ -12,6 +12,7 @@
 #   `cudacol` the matrix's CUDA column and Triton on the same shapes;
 #   `profile` Nsight Compute on the causal prefill of both targets and of FlexAttention;
 #   `ab` default_ab.py of AB_CASES with AB_REPLACE (the CUDA target's defaults A/B);
+#   `times` kernel_times.py of TIMES_CASES (each kernel's time a call);
 #   BENCH_TARGET=cuda: `quick` and `decode` bench the CUDA target)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -82,6 +83,18 @@ if has ab; then
         # shellcheck disable=SC2086  # one argument per replacement
         timeout 240 python3 benchmarks/default_ab.py "examples/$ab_spec.attn" "$ab_shape" ${AB_REPLACE:-} 2>&1 \
             | grep -vE "Warning|warn" | tee -a "$OUT/ab.log"
+    done
+fi
+
+if has times; then
+    # kernel_times.py (each kernel's time a call beside the call's) on each "SPEC SHAPE
+    # [TARGET [NAME=VALUE ...]]" of TIMES_CASES (;-separated)
+    IFS=';' read -ra times_cases <<< "${TIMES_CASES:?TIMES_CASES: \"document_mask 4,16,4096,128 cuda;...\"}"
+    for times_case in "${times_cases[@]}"; do
+        read -ra times_args <<< "$times_case"
+        times_args[0]="examples/${times_args[0]}.attn"
+        timeout 180 python3 benchmarks/kernel_times.py "${times_args[@]}" 2>&1 \
+            | grep -vE "Warning|warn" | tee -a "$OUT/times.log"
     done
 fi
 

@@ -117,6 +117,18 @@ class _Context:
         residual = [f"({cu.cuda_expr(m, env)})" for m in plan_.residual]
         return " && ".join(partial), (" && ".join(residual) or None)
 
+    def bounds_mask(self, env: cu.CudaEnv) -> str:
+        """The masks folded into the key interval, as the interval's per-row bounds (exact:
+        mask-analysis folds a mask only where a key is inside iff it holds): all a tile
+        needs whose tile-index bit says every residual mask holds on it whole."""
+        plan_ = self.k.mask_plan
+        assert plan_ is not None
+        key = self.key_var
+        tests = [f"{key} < key_size"]
+        tests += [f"{key} >= ({cu.cuda_expr(b.expr, env)})" for b in plan_.lower]
+        tests += [f"{key} < ({cu.cuda_expr(b.expr, env)})" for b in plan_.upper]
+        return " && ".join(tests)
+
     # -------------------------------------------------------------- operands
 
     def row_operand(self, operand: ir.Operand, col: str, env: cu.CudaEnv) -> tuple[str, str]:
@@ -244,6 +256,7 @@ class _Context:
             # mask holds (and no other residual mask exists): no mask is left to apply
             values["mask_full"] = None
             values["hoisted"] = self.hoisted_sides(self.env(False))
+            values["mask_bounds"] = self.bounds_mask(self.env(False))
         return values
 
     def hoisted_sides(self, env: cu.CudaEnv) -> dict[str, Any]:

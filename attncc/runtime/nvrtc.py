@@ -10,7 +10,7 @@ atomically under ``<cache>/cubin`` and loaded from there by later processes.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,17 +223,33 @@ def launch(
 ) -> None:
     """Launch on PyTorch's current stream of ``device`` with ``shared_bytes`` of dynamic
     shared memory (``extern __shared__``); ``maps``, encoded tensor maps, are parameters
-    after ``args``, which cuda.core's launcher cannot pass: such launches go through the
-    driver API (attncc.runtime.tensor_map)."""
+    after ``args``."""
+    prepare(kernel, grid, block, args, device, shared_bytes, maps)()
+
+
+def prepare(
+    kernel: Any,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    args: Sequence[Any],
+    device: torch.device,
+    shared_bytes: int = 0,
+    maps: Sequence[bytes] = (),
+) -> Callable[[], None]:
+    """``launch``'s work but the launch itself: calling the result issues it. Two dependent
+    launches prepared first go out back to back, so the GPU does not idle between them for
+    the host's work on the second (a short first kernel, as a tile index builder, would).
+    With ``maps``, which cuda.core's launcher cannot pass, through the driver API
+    (attncc.runtime.tensor_map)."""
     _device(device)  # the stream's context must be current (the NULL stream uses it)
     if maps:
         from attncc.runtime import tensor_map
 
-        tensor_map.launch(kernel, grid, block, (*args, *maps), device, shared_bytes)
-        return
+        return tensor_map.prepare(kernel, grid, block, (*args, *maps), device, shared_bytes)
     core = _core()
     if shared_bytes > _DEFAULT_SHARED_BYTES:
         with _LOCK:
             _opt_in_shared(kernel, shared_bytes, device)
     config = core.LaunchConfig(grid=grid, block=block, shmem_size=shared_bytes)
-    core.launch(_stream(device), config, kernel, *args)
+    stream = _stream(device)
+    return lambda: core.launch(stream, config, kernel, *args)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -169,28 +169,25 @@ def _parameters(args: Sequence[np.generic | bytes]) -> tuple[Any, Any]:
     return (ctypes.c_void_p * len(offsets))(*[base + at for at in offsets]), blob
 
 
-def launch(
+def prepare(
     kernel: Any,
     grid: tuple[int, int, int],
     block: tuple[int, int, int],
     args: Sequence[np.generic | bytes],
     device: torch.device,
     shared_bytes: int,
-) -> None:
-    """Launch ``kernel`` on PyTorch's current stream of ``device`` (whose context is
-    current): numpy scalars (pointers, ints, floats) and encoded maps, in parameter order."""
+) -> Callable[[], None]:
+    """A launch of ``kernel`` on PyTorch's current stream of ``device`` (whose context is
+    current), every parameter packed: numpy scalars (pointers, ints, floats) and encoded
+    maps, in parameter order. Calling it issues the launch and nothing else."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    function = _function(kernel, index, shared_bytes)
-    params, _blob = _parameters(args)
-    stream = int(torch.cuda.current_stream(device).cuda_stream)
-    code = _driver().cuLaunchKernel(
-        ctypes.c_void_p(function),
-        *grid,
-        *block,
-        shared_bytes,
-        ctypes.c_void_p(stream),
-        params,
-        None,
-    )
-    if code != 0:
-        raise RuntimeError(f"attncc: cuLaunchKernel: {_error(code)}")
+    function = ctypes.c_void_p(_function(kernel, index, shared_bytes))
+    params, blob = _parameters(args)
+    stream = ctypes.c_void_p(int(torch.cuda.current_stream(device).cuda_stream))
+
+    def issue(_buffer: Any = blob) -> None:  # the buffer `params` points into, kept alive
+        code = _driver().cuLaunchKernel(function, *grid, *block, shared_bytes, stream, params, None)
+        if code != 0:
+            raise RuntimeError(f"attncc: cuLaunchKernel: {_error(code)}")
+
+    return issue

@@ -363,7 +363,7 @@ def test_fused_grid_is_persistent_for_variant_two_without_a_tile_index(
     documents = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
     sizes = {"B": 70000, "H": 1, "N": 64, "D": 64}
     with pytest.raises(ValueError, match="at most 65535 index programs"):
-        documents._built_tile_index(None, (), sizes, 1, 64, 64, None)
+        documents._tile_index_build(None, (), sizes, 1, 64, 64, None)
 
 
 def test_the_calls_that_take_the_wgmma_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -518,8 +518,9 @@ def test_precomputed_values_are_read_by_name() -> None:
 
 def test_document_mask_partial_tiles_read_each_document_id_once() -> None:
     """Partial tiles compare precomputed document ids: the row's once a row, the key's once a
-    key of the thread's fragment (per score, each was a global load). In every loop of the
-    fused kernel: mma.sync's and the two sm_90a ones (#if ATTNCC_WGMMA)."""
+    key of the thread's fragment (per score, each was a global load), and only where the
+    tile index says a tile is not one document's whole. In every loop of the fused kernel:
+    mma.sync's and the two sm_90a ones (#if ATTNCC_WGMMA)."""
     source = build(EXAMPLES / "document_mask.attn", target="cuda").source
     fused = source.split("attncc_document_mask_fwd(", 1)[1].split("attncc_document_mask_rows(")[0]
     loops = fused.split("#if ATTNCC_WGMMA == 2\n", 1)[1]
@@ -537,6 +538,11 @@ def test_document_mask_partial_tiles_read_each_document_id_once() -> None:
         assert "if (!(i_n < key_size && ((((rv0[mt][h] == kv0)) && ((i_m >= i_n)))))) s2" in loop
         assert loop.count("rv0[mt][h] = row_side0(wr0 + mt * 16 + g + 8 * h);") == bodies[name]
         assert loop.count("const auto kv0 = ") == bodies[name]
+        # a tile whose full bit says one document holds it whole, on the diagonal: the causal
+        # bound alone, no document id read
+        bounds_only = "if (!(i_n < key_size && i_n < ((i_m + 1)))) s2 = -ATTNCC_INF;"
+        assert loop.count(bounds_only) == bodies[name]
+        assert loop.count("} else if (n0 < mid_lo || n0 >= mid_hi) {") == bodies[name]
 
 
 def test_special_float_literals() -> None:

@@ -82,8 +82,9 @@ class _FakeDriver:
 
 
 def test_a_launch_passes_every_parameter_and_opts_in_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every value reaches the driver as its own bytes (maps whole); the shared-memory limit
-    is raised once per function, again only for a larger request."""
+    """Every value reaches the driver as its own bytes (maps whole), when the prepared launch
+    is issued; the shared-memory limit is raised once per function, again only for a larger
+    request."""
     args = [np.uint64(2**40 + 3), np.int32(-7), np.float32(0.5), bytes(range(128))]
     driver = _FakeDriver([8, 4, 4, 128])
     monkeypatch.setattr(tensor_map, "_driver", lambda: driver)
@@ -94,7 +95,10 @@ def test_a_launch_passes_every_parameter_and_opts_in_once(monkeypatch: pytest.Mo
     kernel = SimpleNamespace(handle=99)
     device = torch.device("cuda", 0)
     for shared in (200_000, 100_000, 220_000):
-        tensor_map.launch(kernel, (1, 1, 1), (384, 1, 1), args, device, shared)
+        issue = tensor_map.prepare(kernel, (1, 1, 1), (384, 1, 1), args, device, shared)
+        launched = len(driver.launches)
+        assert len(driver.launches) == launched  # prepared, not issued
+        issue()
     assert driver.launches[0] == [a if isinstance(a, bytes) else a.tobytes() for a in args]
     assert driver.launches[0] == driver.launches[2]
     assert driver.attribute_sets == [200_000, 220_000]
