@@ -77,7 +77,7 @@ def compile(
 
     ``target="cuda"`` renders CUDA C++ instead of Triton, compiled with NVRTC on first call
     (CUDA tensors only). The default, ``"auto"``, picks CUDA where it is the faster backend
-    (fused prefill without a tile index, sm_90 GPU, cuda-python installed) and Triton
+    (fused prefill, sm_90 GPU, cuda-python installed) and Triton
     elsewhere; ``Kernel.target`` says which. A kernel auto made CUDA runs the calls its sm_90a
     kernels cannot take (CPU tensors, fp32, head dims past 128, ...) on the spec's Triton
     kernel (``Kernel.fallback``)."""

@@ -2,8 +2,8 @@
 
 "auto" is decided once, at build time, from the optimised IR and this process's GPU; a built
 kernel names the backend it got ("triton" or "cuda"), never "auto". The CUDA target wins only
-where it was measured to (H100, bf16, D=128; docs/performance.md, session 9): fused prefill
-with no tile index on an sm_90 GPU. Everywhere else Triton is as fast or faster, autotunes,
+where it was measured to (H100, bf16, D=128; docs/performance.md, sessions 9 and 12): fused
+prefill on an sm_90 GPU. Everywhere else Triton is as fast or faster, autotunes,
 and runs CPU tensors through its interpreter.
 
 ``ATTNCC_TARGET=triton|cuda`` makes "auto" mean that target instead (``auto`` or unset: the
@@ -49,19 +49,17 @@ def decided_by_rule(target: str) -> bool:
 
 
 def auto_target(kernel: AttentionKernel) -> str:
-    """``"cuda"`` when ``kernel`` (after every pass) is fused prefill without a tile index, the
-    current CUDA device is sm_90 and cuda-python's ``cuda.core`` imports; else ``"triton"``.
+    """``"cuda"`` when ``kernel`` (after every pass) is fused prefill, the current CUDA device
+    is sm_90 and cuda-python's ``cuda.core`` imports; else ``"triton"``. Document masks (a
+    tile index) included: the CUDA target runs them at 1.26-1.40x FlexAttention, Triton at
+    1.08-1.11x (H100, docs/performance.md, session 12).
 
-    The IR conditions go first: they cost nothing, and a decode or document-mask kernel then
-    never initialises CUDA or imports cuda.core just to be told "triton".
+    The IR conditions go first: they cost nothing, and a decode kernel then never
+    initialises CUDA or imports cuda.core just to be told "triton".
     """
     # Decode (split_kv, or a fused kernel without a query axis) measured equal or slower on
     # the CUDA target; naive has no CUDA kernels at all.
     if kernel.schedule != "fused" or kernel.query_axis is None:
-        return "triton"
-    # Document masks (a tile index): Triton 1.08-1.11x FlexAttention, the CUDA target
-    # 0.93-1.17x (ahead from 16k only; docs/performance.md, session 11).
-    if kernel.tile_index is not None:
         return "triton"
     # The CUDA target's lead (1.15-1.25x Triton on causal, full and GQA prefill) comes from
     # its wgmma kernels, an sm_90 instruction; other GPUs get mma.sync kernels, not measured

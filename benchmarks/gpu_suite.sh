@@ -65,8 +65,8 @@ if has quick; then
 fi
 
 if has auto; then
-    # the default target (auto: CUDA for fused prefill on an H100/H200, Triton for document
-    # masks and decode) on issue 4's variants, 2k/4k/16k at head dim 128 and 4k at 64
+    # the default target (auto: CUDA for fused prefill on an H100/H200, document masks
+    # included, Triton for decode) on issue 4's variants, 2k/4k/16k at head dim 128 and 4k at 64
     shapes="8,16,2048,128;4,16,4096,128;1,16,16384,128;4,32,4096,64"
     for spec in fused causal sliding_window alibi softcap document_mask; do
         BENCH_TARGET=auto bench "examples/$spec.attn" "$shapes" bf16

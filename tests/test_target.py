@@ -102,16 +102,17 @@ def test_schedules_other_than_fused_are_triton(
     assert auto_target(kernel) == "triton"
 
 
-def test_a_tile_index_is_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tile_index_is_cuda_on_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_device(monkeypatch, (9, 0))
     kernel = optimised("document_mask")
     assert kernel.schedule == "fused" and kernel.tile_index is not None
+    assert auto_target(kernel) == "cuda"
+    fake_device(monkeypatch, (8, 0))
     assert auto_target(kernel) == "triton"
 
 
 def test_the_ir_decides_before_the_device_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decode and tile-index kernels never initialise CUDA or import cuda.core to be told
-    "triton"."""
+    """Decode kernels never initialise CUDA or import cuda.core to be told "triton"."""
 
     def untouchable(*args: object) -> object:
         raise AssertionError("the rule asked the device")
@@ -119,7 +120,7 @@ def test_the_ir_decides_before_the_device_is_asked(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(torch.cuda, "is_available", untouchable)
     monkeypatch.setattr(torch.cuda, "get_device_capability", untouchable)
     monkeypatch.setattr(nvrtc, "_core", untouchable)
-    for name in ("decode", "document_mask", "naive"):
+    for name in ("decode", "naive"):
         assert auto_target(optimised(name)) == "triton"
 
 
@@ -174,7 +175,9 @@ def test_build_defaults_to_auto_and_returns_the_concrete_target(
     causal = build(EXAMPLES / "causal.attn")
     assert causal.target == "cuda" and "__global__" in causal.source
     documents = build(EXAMPLES / "document_mask.attn", target="auto")
-    assert documents.target == "triton" and "@triton.jit" in documents.source
+    assert documents.target == "cuda" and "__global__" in documents.source
+    decode = build(EXAMPLES / "decode.attn", target="auto")
+    assert decode.target == "triton" and "@triton.jit" in decode.source
     fake_device(monkeypatch, (8, 0))
     assert build(EXAMPLES / "causal.attn").target == "triton"
 

@@ -92,6 +92,7 @@ VARIANTS: dict[str, dict[str, object]] = {
         "ATTNCC_BLOCKS": 2,
         "ATTNCC_PRODUCER_REGISTERS": 24,
         "ATTNCC_MMA_REGISTERS": 232,
+        "ATTNCC_Q_BUFFERS": 2,
     },
     "wgmma2-three-groups-bf16-64": {
         "ATTNCC_WGMMA": 2,
@@ -104,6 +105,7 @@ VARIANTS: dict[str, dict[str, object]] = {
         "ATTNCC_STAGES": 3,
         "ATTNCC_PRODUCER_REGISTERS": 32,
         "ATTNCC_MMA_REGISTERS": 160,
+        "ATTNCC_Q_BUFFERS": 2,
     },
     "wgmma2-tma-bf16-128": {
         "ATTNCC_WGMMA": 2,
@@ -112,6 +114,17 @@ VARIANTS: dict[str, dict[str, object]] = {
         "ATTNCC_BLOCK_N": 128,
         "ATTNCC_TMA": 1,
         "ATTNCC_STAGES": 3,
+    },
+    # the default at head dim 128: two Q buffers, two stages, ping-pong
+    "wgmma2-two-q-bf16-128": {
+        "ATTNCC_WGMMA": 2,
+        "ATTNCC_M_TILES": 1,
+        "ATTNCC_WARPS": 8,
+        "ATTNCC_BLOCK_N": 128,
+        "ATTNCC_TMA": 1,
+        "ATTNCC_STAGES": 2,
+        "ATTNCC_Q_BUFFERS": 2,
+        "ATTNCC_PINGPONG": 1,
     },
 }
 FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS] + [("paged_decode", "bf16-128")]
@@ -122,6 +135,7 @@ FULL_COMPILE += [
         "wgmma-bf16-128",
         "wgmma2-bf16-64",
         "wgmma2-tma-bf16-128",
+        "wgmma2-two-q-bf16-128",
         "wgmma2-one-group-bf16-64",
         "wgmma2-three-groups-bf16-64",
     )
@@ -276,27 +290,35 @@ def test_wgmma_copies_take_config_and_fall_back_to_cp_async(
 ) -> None:
     module = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
 
-    def fits(stages: int) -> bool:
+    def fits(stages: int, q_buffers: int) -> bool:
         return True
 
-    assert module._wgmma_copies(None, fits) == (1, 3)
-    assert module._wgmma_copies(None, lambda stages: stages <= 2) == (1, 2)  # a tile index
-    assert module._wgmma_copies({"tma": 0, "stages": 2}, fits) == (0, 2)
-    with pytest.raises(ValueError, match="tma 0 or 1, stages 2 or 3"):
+    def head_dim_128(stages: int, q_buffers: int) -> bool:  # two groups: 64 KB a stage, 32 a Q
+        return 64 * stages + 32 * q_buffers <= 224
+
+    assert module._wgmma_copies(None, fits) == (1, 3, 2)
+    # the second Q buffer before the third stage, then the third stage alone
+    assert module._wgmma_copies(None, head_dim_128) == (1, 2, 2)
+    assert module._wgmma_copies({"stages": 3}, head_dim_128) == (1, 3, 1)
+    assert module._wgmma_copies(None, lambda stages, q: stages + q <= 3) == (1, 2, 1)
+    assert module._wgmma_copies({"tma": 0, "stages": 2, "q_buffers": 1}, fits) == (0, 2, 1)
+    with pytest.raises(ValueError, match="tma 0 or 1, stages 2 or 3, q_buffers 1 or 2"):
         module._wgmma_copies({"stages": 4}, fits)
+    with pytest.raises(ValueError, match="q_buffers 1 or 2"):
+        module._wgmma_copies({"q_buffers": 3}, fits)
     paged = attncc.compile(EXAMPLES / "paged_decode.attn", target="cuda").module(False)
-    assert paged._wgmma_copies({"tma": 1}, fits) == (0, 3)
+    assert paged._wgmma_copies({"tma": 1}, fits) == (0, 3, 2)
     # one MMA group: two blocks a multiprocessor, half the registers each
     one_group = dict(
-        module._defines(torch.bfloat16, 128, 128, (4, 1, 64), None, True, 2, 0, (1, 2))
+        module._defines(torch.bfloat16, 128, 128, (4, 1, 64), None, True, 2, 0, (1, 2, 2))
     )
     assert one_group["ATTNCC_BLOCKS"] == 2 and one_group["ATTNCC_PRODUCER_REGISTERS"] == 24
     two_groups = dict(
-        module._defines(torch.bfloat16, 128, 128, (8, 1, 128), None, True, 2, 1, (1, 3))
+        module._defines(torch.bfloat16, 128, 128, (8, 1, 128), None, True, 2, 1, (1, 3, 1))
     )
     assert two_groups["ATTNCC_BLOCKS"] == 1 and two_groups["ATTNCC_STAGES"] == 3
     three_groups = dict(
-        module._defines(torch.bfloat16, 64, 64, (12, 1, 128), None, True, 2, 0, (1, 3))
+        module._defines(torch.bfloat16, 64, 64, (12, 1, 128), None, True, 2, 0, (1, 3, 2))
     )
     assert three_groups["ATTNCC_BLOCKS"] == 1
     assert (three_groups["ATTNCC_PRODUCER_REGISTERS"], three_groups["ATTNCC_MMA_REGISTERS"]) == (
@@ -316,9 +338,9 @@ def test_wgmma_copies_take_config_and_fall_back_to_cp_async(
 
 def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sm_90a tiles the host picks: two MMA groups with ping-pong, three on 192-row tiles
-    for head dims up to 64 (their register budget holds only narrow outputs), one on 64-key
-    tiles where a tile index is built; a config asking for three groups at head dim 128 is
-    refused by name."""
+    for head dims up to 64 (their register budget holds only narrow outputs), two at every
+    head dim where a tile index is built; a config asking for three groups at head dim 128
+    is refused by name."""
     causal = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
     documents = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
     for module in (causal, documents):
@@ -327,7 +349,7 @@ def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch)
     assert causal._wgmma_tiles(None, 128, 128, vec, None) == (2, 8, 128, 1)
     assert causal._wgmma_tiles(None, 64, 64, vec, None) == (2, 12, 128, 0)
     assert causal._wgmma_tiles(None, 64, 128, vec, None) == (2, 8, 128, 1)
-    assert documents._wgmma_tiles(None, 64, 64, vec, None) == (2, 4, 64, 0)
+    assert documents._wgmma_tiles(None, 64, 64, vec, None) == (2, 8, 128, 1)
     assert causal._wgmma_tiles({"wgmma": 2, "num_warps": 12}, 64, 64, vec, None) == (
         2,
         12,
@@ -368,8 +390,9 @@ def test_fused_grid_is_persistent_for_variant_two_without_a_tile_index(
 
 def test_the_calls_that_take_the_wgmma_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """`_takes_wgmma`, which sends an auto kernel's other calls to Triton: 16-bit CUDA tensors
-    on an sm_90 GPU with head dims up to 128 and 16-byte loads, and enough queries for the
-    fused kernel (speculative decode's one-query calls split the keys)."""
+    on an sm_90 GPU with head dims up to 128 and 16-byte loads, enough queries for the
+    fused kernel (speculative decode's one-query calls split the keys), and a document
+    mask's batch entries within its index builder's grid."""
     causal = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
     drafts = attncc.compile(EXAMPLES / "speculative_decode.attn", target="cuda").module(False)
     sm90 = {causal: True, drafts: True}
@@ -396,6 +419,15 @@ def test_the_calls_that_take_the_wgmma_kernels(monkeypatch: pytest.MonkeyPatch) 
     assert drafts._splits_keys(sizes) and not drafts._takes_wgmma(
         tensors, sizes, torch.bfloat16, cuda
     )
+    # a document mask with more batch entries than its index builder's grid takes: Triton
+    documents = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
+    monkeypatch.setattr(documents, "_has_wgmma", lambda device: True)
+    for batch, expected in ((65535, True), (65536, False)):
+        q = torch.zeros(1, 2, 64, 64, dtype=torch.bfloat16).expand(batch, 2, 64, 64)
+        doc = torch.zeros(1, 64, dtype=torch.int32).expand(batch, 64)
+        tensors, _ = documents._bind([q, q, q, doc], {})
+        sizes = {"B": batch, "H": 2, "N": 64, "D": 64}
+        assert documents._takes_wgmma(tensors, sizes, torch.bfloat16, cuda) == expected
 
 
 def few_query_call(module: Any) -> tuple[dict[str, Any], dict[str, int]]:
