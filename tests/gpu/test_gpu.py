@@ -46,16 +46,22 @@ def test_long_sequences_on_gpu(path: str) -> None:
 
 @pytest.mark.parametrize("target", ["triton", "cuda"])
 def test_torch_compile_fullgraph_on_gpu(target: str) -> None:
+    """The kernel inside a torch.compile'd graph gives what it gives eagerly, bit for bit, and
+    that matches the reference. (The graph's bf16 `+ 1.0` rounds outputs near 5 by up to
+    0.016 on its own, so the reference comparison is of the attention output.)"""
     kernel = attncc.compile(EXAMPLE_DIR / "causal.attn", target=target)
-    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 300, 64, generator=gen).bfloat16().cuda() for _ in range(3))
 
     @torch.compile(fullgraph=True)
     def layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return kernel(q * 1.0, k, v) + 1.0
 
     out = layer(q, k, v)
-    expected = torch.from_numpy(reference(kernel.spec)(q.cpu(), k.cpu(), v.cpu())) + 1.0
-    assert (out.float().cpu() - expected.float()).abs().max() < 2e-2
+    attention = kernel(q, k, v)
+    assert torch.equal(out, attention + 1.0)
+    expected = torch.from_numpy(reference(kernel.spec)(q.cpu(), k.cpu(), v.cpu()))
+    assert (attention.double().cpu() - expected).abs().max() < 2e-2
 
 
 TMA_CASES = [("causal", 96), ("gqa_causal", 128), ("document_mask", 128), ("alibi", 64)]
