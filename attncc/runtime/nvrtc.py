@@ -212,19 +212,10 @@ def _opt_in_shared(kernel: Any, shared_bytes: int, device: torch.device) -> None
     _SHARED_OPT_IN[(handle, index)] = shared_bytes
 
 
-def launch(
-    kernel: Any,
-    grid: tuple[int, int, int],
-    block: tuple[int, int, int],
-    args: Sequence[Any],
-    device: torch.device,
-    shared_bytes: int = 0,
-    maps: Sequence[bytes] = (),
-) -> None:
-    """Launch on PyTorch's current stream of ``device`` with ``shared_bytes`` of dynamic
-    shared memory (``extern __shared__``); ``maps``, encoded tensor maps, are parameters
-    after ``args``."""
-    prepare(kernel, grid, block, args, device, shared_bytes, maps)()
+def launch(*args: Any, **kwargs: Any) -> None:
+    """``prepare``'s launch (kernel, grid, block, args, device, shared_bytes, maps), issued at
+    once on PyTorch's current stream of ``device``."""
+    prepare(*args, **kwargs)()
 
 
 def prepare(
@@ -236,7 +227,10 @@ def prepare(
     shared_bytes: int = 0,
     maps: Sequence[bytes] = (),
 ) -> Callable[[], None]:
-    """``launch``'s work but the launch itself: calling the result issues it. Two dependent
+    """A launch of ``kernel`` on PyTorch's current stream of ``device`` with ``shared_bytes``
+    of dynamic shared memory (``extern __shared__``) and ``maps``, encoded tensor maps, as
+    parameters after ``args``, with everything done but the launch itself: calling the
+    result issues it. Two dependent
     launches prepared first go out back to back, so the GPU does not idle between them for
     the host's work on the second (a short first kernel, as a tile index builder, would).
     With ``maps``, which cuda.core's launcher cannot pass, through the driver API
