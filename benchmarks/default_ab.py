@@ -28,6 +28,13 @@ args = [inputs[n] for n in kernel.input_names]
 module = kernel.module(interpreted=False)
 
 
+def forget() -> None:
+    """Drop what the module derived from its tables: its cached defines (registers) and its
+    launch plans (tiles, copies)."""
+    module._defines.cache_clear()
+    module._PLANS.clear()
+
+
 def timed(name: str | None, value: Any) -> Callable[[], float]:
     """Times the call with module attribute `name` set to `value` (None: as rendered)."""
 
@@ -35,7 +42,7 @@ def timed(name: str | None, value: Any) -> Callable[[], float]:
         saved = getattr(module, name) if name else None
         if name:
             setattr(module, name, value)
-        module._defines.cache_clear()  # it reads module tables (registers) and is cached
+        forget()
         try:
             kernel(*args)  # compiles outside the timing
             torch.cuda.synchronize()
@@ -43,7 +50,7 @@ def timed(name: str | None, value: Any) -> Callable[[], float]:
         finally:
             if name:
                 setattr(module, name, saved)
-            module._defines.cache_clear()
+            forget()
 
     return time_one
 

@@ -98,9 +98,14 @@ def report(spec: str, shape_text: str) -> None:
     gpu = graph_us(forward)
     eager_forward = wall_us(forward)
     eager_op = wall_us(lambda: kernel(*args))
+    full = ""
+    if kernel.target == "cuda":
+        # config {} asks for the defaults without a launch plan: every call takes the checks
+        # and choices again (the path before launch plans)
+        full = f", full path {wall_us(lambda: module._forward(tensors, params, False, {})):.1f} us"
     print(
         f"{kernel.name} {shape_text}: GPU {gpu:.1f} us a call; eager back-to-back "
-        f"_forward {eager_forward:.1f} us, compiled op {eager_op:.1f} us; config {config}"
+        f"_forward {eager_forward:.1f} us, compiled op {eager_op:.1f} us{full}; config {config}"
     )
     if kernel.target == "cuda":
         cuda_pieces(module, tensors, params)

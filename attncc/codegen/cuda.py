@@ -353,6 +353,13 @@ class _Context:
 
     # -------------------------------------------------------------- host
 
+    def pointer_args(self) -> list[tuple[int, str]]:
+        """(position, host expression) of each pointer among the kernel parameters: a launch
+        plan rewrites them on every call (the host expressions name the tensor)."""
+        return [
+            (i, arg.host) for i, arg in enumerate(plan.launch_args(self.k)) if arg.type == "pointer"
+        ]
+
     def kernel_params(self) -> tuple[list[str], list[str]]:
         """C++ parameter declarations and the host expressions passed for them."""
         decls: list[str] = []
@@ -425,6 +432,8 @@ class _Context:
             "split": split,
             "kernel_params": decls,
             "launch_args": host_args,
+            "pointer_slots": [i for i, _ in self.pointer_args()],
+            "pointer_hosts": [host for _, host in self.pointer_args()],
             "key_var": self.key_var,
             "key_size": cx.dim_var(k.key_axis.dim),
             "q_name": k.query.tensor,

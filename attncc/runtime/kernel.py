@@ -134,7 +134,7 @@ class Kernel:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.target != "triton":
             fallback = self._fallback_launch if self.fallback is not None else None
-            return self.module(False)._forward(tensors, params, return_lse, None, fallback)  # type: ignore[no-any-return]
+            return self._host._forward(tensors, params, return_lse, None, fallback)  # type: ignore[no-any-return]
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
         module = self.module(interpreted=on_cpu)
         if on_cpu:

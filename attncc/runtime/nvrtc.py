@@ -1,5 +1,5 @@
 """Compile CUDA sources with NVRTC (through ``cuda.core``), cache the cubins on disk, launch
-kernels on PyTorch's current stream.
+kernels on PyTorch's current stream (through the driver API: attncc.runtime.driver).
 
 ``cuda.core`` is imported on first use only, so machines without cuda-python (CPU-only CI)
 still import attncc and render CUDA sources. A cubin is keyed by the source, the ATTNCC_*
@@ -10,7 +10,7 @@ atomically under ``<cache>/cubin`` and loaded from there by later processes.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +19,13 @@ import torch
 
 from attncc import __version__
 from attncc.cache import atomic_write_bytes, cache_dir, content_key
+from attncc.runtime import driver
 
 _LOCK = threading.Lock()
 # (source key, defines, device index, kernel names, arch features) -> kernels
 _KernelKey = tuple[str, tuple[tuple[str, Any], ...], int, tuple[str, ...], str]
 _KERNELS: dict[_KernelKey, tuple[Any, ...]] = {}
-_STREAMS: dict[tuple[int, int], Any] = {}
 _DEVICES: dict[int, Any] = {}
-# dynamic shared memory each (kernel handle, device) may use, once opted in above the default
-_SHARED_OPT_IN: dict[tuple[int, int], int] = {}
-# what any kernel may use without opting in
-_DEFAULT_SHARED_BYTES = 48 * 1024
 
 
 class CudaUnavailable(RuntimeError):
@@ -165,53 +161,6 @@ def resident_blocks(kernel: Any, threads: int) -> int:
         return 0
 
 
-class _TorchStream:
-    """PyTorch's current stream as a ``__cuda_stream__`` object for cuda.core."""
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
-
-
-def _stream(device: torch.device) -> Any:
-    handle = int(torch.cuda.current_stream(device).cuda_stream)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    found = _STREAMS.get((index, handle))
-    if found is None:
-        cuda_device = _device(device)
-        try:
-            found = cuda_device.create_stream(_TorchStream(handle))
-        except Exception:
-            if handle != 0:
-                raise
-            found = cuda_device.default_stream  # the legacy default stream, torch's default
-        _STREAMS[(index, handle)] = found
-    return found
-
-
-def _opt_in_shared(kernel: Any, shared_bytes: int, device: torch.device) -> None:
-    """Let ``kernel`` use ``shared_bytes`` of dynamic shared memory on ``device``: above 48 KB
-    the driver needs the kernel's attribute raised first (once per kernel and device).
-    cuda.core loads cubins as libraries, so the handle is a CUkernel: cuKernelSetAttribute."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    handle = int(kernel.handle)
-    if _SHARED_OPT_IN.get((handle, index), _DEFAULT_SHARED_BYTES) >= shared_bytes:
-        return
-    from cuda.bindings import driver
-
-    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    (err,) = driver.cuKernelSetAttribute(
-        attribute, shared_bytes, driver.CUkernel(handle), driver.CUdevice(index)
-    )
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(
-            f"attncc: cannot give a CUDA kernel {shared_bytes} bytes of shared memory ({err})"
-        )
-    _SHARED_OPT_IN[(handle, index)] = shared_bytes
-
-
 def launch(*args: Any, **kwargs: Any) -> None:
     """``prepare``'s launch (kernel, grid, block, args, device, shared_bytes, maps), issued at
     once on PyTorch's current stream of ``device``."""
@@ -226,24 +175,26 @@ def prepare(
     device: torch.device,
     shared_bytes: int = 0,
     maps: Sequence[bytes] = (),
-) -> Callable[[], None]:
+    slots: Sequence[int] = (),
+) -> driver.Launch:
     """A launch of ``kernel`` on PyTorch's current stream of ``device`` with ``shared_bytes``
     of dynamic shared memory (``extern __shared__``) and ``maps``, encoded tensor maps, as
     parameters after ``args``, with everything done but the launch itself: calling the
-    result issues it. Two dependent
-    launches prepared first go out back to back, so the GPU does not idle between them for
-    the host's work on the second (a short first kernel, as a tile index builder, would).
-    With ``maps``, which cuda.core's launcher cannot pass, through the driver API
-    (attncc.runtime.tensor_map)."""
+    result issues it, with new values for the parameters at ``slots`` if given
+    (attncc.runtime.driver). Two dependent launches prepared first go out back to back, so
+    the GPU does not idle between them for the host's work on the second (a short first
+    kernel, as a tile index builder, would)."""
     _device(device)  # the stream's context must be current (the NULL stream uses it)
-    if maps:
-        from attncc.runtime import tensor_map
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    function = driver.function(kernel, index, shared_bytes)
+    stream = int(torch.cuda.current_stream(device).cuda_stream)
+    return driver.Launch(function, grid, block, shared_bytes, stream, (*args, *maps), slots)
 
-        return tensor_map.prepare(kernel, grid, block, (*args, *maps), device, shared_bytes)
-    core = _core()
-    if shared_bytes > _DEFAULT_SHARED_BYTES:
-        with _LOCK:
-            _opt_in_shared(kernel, shared_bytes, device)
-    config = core.LaunchConfig(grid=grid, block=block, shmem_size=shared_bytes)
-    stream = _stream(device)
-    return lambda: core.launch(stream, config, kernel, *args)
+
+def current_stream(index: int) -> int:
+    """PyTorch's current stream on device ``index``, as a handle: without building a
+    torch.cuda.Stream (a few microseconds of a launch plan's lookup)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(index))
+    return int(torch.cuda.current_stream(index).cuda_stream)

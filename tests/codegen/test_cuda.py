@@ -329,7 +329,7 @@ def test_wgmma_copies_take_config_and_fall_back_to_cp_async(
     def refuse(*args: object) -> bytes:
         raise module._tensor_map.TensorMapRefused("no")
 
-    monkeypatch.setattr(module._tensor_map, "key_tile_map", refuse)
+    monkeypatch.setattr(module._tensor_map, "encode", refuse)
     q, k, v = (torch.randn(1, 2, 8, 64).bfloat16() for _ in range(3))
     tensors, _ = module._bind([q, k, v], {})
     sizes = {"B": 1, "H": 2, "M": 8, "N": 8, "D": 64}

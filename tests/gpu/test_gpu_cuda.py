@@ -154,6 +154,53 @@ def test_cuda_graph_capture() -> None:
     assert torch.equal(captured, eager)
 
 
+def test_cuda_launch_plans_serve_repeated_calls() -> None:
+    """A call like an earlier one reuses its launch plan with its own data: fresh tensors
+    share one plan; int64 document ids (converted per call), a K of other strides and
+    another stream each take a plan of their own; a CUDA graph captured on the plan path
+    replays the eager result. Every output against the reference."""
+    kernel = attncc.compile(EXAMPLE_DIR / "document_mask.attn", target="cuda")
+    module = kernel.module(False)
+    module._PLANS.clear()
+    expected_fn = reference(kernel.spec)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+
+    def inputs(ids: torch.dtype = torch.int32) -> tuple[torch.Tensor, ...]:
+        q, k, v = (
+            torch.randn(2, 4, 300, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(3)
+        )
+        doc = torch.randint(0, 3, (2, 300), device="cuda", generator=gen).sort(dim=1).values
+        return q, k, v, doc.to(ids)
+
+    def assert_close(out: torch.Tensor, args: tuple[torch.Tensor, ...]) -> None:
+        expected = torch.from_numpy(expected_fn(*(a.cpu() for a in args)))
+        assert (out.double().cpu() - expected).abs().max() < 3e-2
+
+    for _ in range(3):
+        args = inputs()
+        assert_close(kernel(*args), args)
+    assert len(module._PLANS) == 1
+    args = inputs(torch.int64)
+    assert_close(kernel(*args), args)
+    q, k, v, doc = inputs()
+    args = (q, k.transpose(1, 2).contiguous().transpose(1, 2), v, doc)
+    assert_close(kernel(*args), args)
+    assert len(module._PLANS) == 3
+    stream = torch.cuda.Stream()
+    args = inputs()
+    with torch.cuda.stream(stream):
+        kernel(*args)  # a plan for this stream, outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = kernel(*args)
+    assert len(module._PLANS) == 4
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(captured, args)
+    assert torch.equal(captured, kernel(*args))
+
+
 # ----------------------------------------------------------------------------- split-KV decode
 # The tensor-core split-KV kernel streams each chunk with several warps, merges them in shared
 # memory and merges the chunks in the last program to finish (an arrival counter per (batch

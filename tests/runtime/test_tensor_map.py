@@ -3,10 +3,6 @@ driver to encode (the driver itself needs a GPU: tests/gpu/test_gpu_cuda.py)."""
 
 from __future__ import annotations
 
-import ctypes
-from types import SimpleNamespace
-
-import numpy as np
 import pytest
 import torch
 
@@ -21,7 +17,7 @@ def encoded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, ...]]:
         calls.append(args)
         return bytes(128)
 
-    monkeypatch.setattr(tensor_map, "_encode", record)
+    monkeypatch.setattr(tensor_map, "encode", record)
     return calls
 
 
@@ -57,48 +53,3 @@ def test_strided_layouts_keep_their_key_stride(encoded: list[tuple[object, ...]]
     broadcast = torch.zeros(1, 4, 50, 128, dtype=torch.bfloat16).expand(3, 4, 50, 128)
     tensor_map.key_tile_map(broadcast, 2, 3, 50, 128, 64)
     assert encoded[-1][5] == (4 - 1) * 50 * 128 // 8 + 1
-
-
-class _FakeDriver:
-    """The driver calls of a launch, recorded; each parameter read back from its pointer."""
-
-    def __init__(self, sizes: list[int]) -> None:
-        self.sizes = sizes
-        self.attribute_sets: list[int] = []
-        self.launches: list[list[bytes]] = []
-
-    def cuKernelGetFunction(self, out: object, kernel: ctypes.c_void_p) -> int:
-        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = 0x1234
-        return 0
-
-    def cuFuncSetAttribute(self, function: object, attribute: int, value: int) -> int:
-        self.attribute_sets.append(value)
-        return 0
-
-    def cuLaunchKernel(self, function: object, *rest: object) -> int:
-        params = rest[8]
-        self.launches.append([ctypes.string_at(params[i], n) for i, n in enumerate(self.sizes)])
-        return 0
-
-
-def test_a_launch_passes_every_parameter_and_opts_in_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every value reaches the driver as its own bytes (maps whole), when the prepared launch
-    is issued; the shared-memory limit is raised once per function, again only for a larger
-    request."""
-    args = [np.uint64(2**40 + 3), np.int32(-7), np.float32(0.5), bytes(range(128))]
-    driver = _FakeDriver([8, 4, 4, 128])
-    monkeypatch.setattr(tensor_map, "_driver", lambda: driver)
-    monkeypatch.setattr(tensor_map, "_FUNCTIONS", {})
-    monkeypatch.setattr(
-        tensor_map.torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=7)
-    )
-    kernel = SimpleNamespace(handle=99)
-    device = torch.device("cuda", 0)
-    for shared in (200_000, 100_000, 220_000):
-        issue = tensor_map.prepare(kernel, (1, 1, 1), (384, 1, 1), args, device, shared)
-        launched = len(driver.launches)
-        assert len(driver.launches) == launched  # prepared, not issued
-        issue()
-    assert driver.launches[0] == [a if isinstance(a, bytes) else a.tobytes() for a in args]
-    assert driver.launches[0] == driver.launches[2]
-    assert driver.attribute_sets == [200_000, 220_000]

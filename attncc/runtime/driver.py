@@ -1,0 +1,166 @@
+"""Kernel launches through the CUDA driver API (libcuda through ctypes), for the CUDA target's
+fused kernels: every parameter packed once into one buffer, so a call that repeats a launch
+rewrites only its pointers (and tensor maps) there and issues it.
+
+cuda.core's launcher passes scalars and pointers only, and it converts each of them on every
+launch; a tensor map (a 128-byte ``__grid_constant__`` parameter, attncc.runtime.tensor_map)
+and a launch at a few microseconds of host time both need the driver API directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import struct
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_MAX_DYNAMIC_SHARED = 8
+
+
+@functools.lru_cache(maxsize=1)
+def lib() -> Any:
+    """libcuda with the signatures attncc calls."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    cuda.cuTensorMapEncodeTiled.restype = ctypes.c_int
+    cuda.cuTensorMapEncodeTiled.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p,
+        u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+    ]  # fmt: skip
+    cuda.cuLaunchKernel.restype = ctypes.c_int
+    cuda.cuLaunchKernel.argtypes = [
+        ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+    ]  # fmt: skip
+    cuda.cuKernelGetFunction.restype = ctypes.c_int
+    cuda.cuKernelGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    cuda.cuFuncSetAttribute.restype = ctypes.c_int
+    cuda.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    cuda.cuCtxGetCurrent.restype = ctypes.c_int
+    cuda.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    cuda.cuGetErrorName.restype = ctypes.c_int
+    cuda.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return cuda
+
+
+def error_name(code: int) -> str:
+    name = ctypes.c_char_p()
+    lib().cuGetErrorName(code, ctypes.byref(name))
+    return (name.value or b"").decode() or f"CUresult {code}"
+
+
+def current_context() -> int:
+    """The calling thread's current CUDA context (0: none), which a function handle and a
+    launch belong to."""
+    context = ctypes.c_void_p()
+    code = lib().cuCtxGetCurrent(ctypes.byref(context))
+    return int(context.value or 0) if code == 0 else 0
+
+
+# (CUkernel handle, device index) -> [its CUfunction, the dynamic shared memory it may use]
+_FUNCTIONS: dict[tuple[int, int], list[int]] = {}
+
+
+def function(kernel: Any, device_index: int, shared_bytes: int) -> int:
+    """The CUfunction of a cuda.core kernel (a CUkernel) in the current context, allowed
+    ``shared_bytes`` of dynamic shared memory (raised once, as nvrtc's opt-in for cuda.core's
+    launches: not on every launch)."""
+    key = (int(kernel.handle), device_index)
+    found = _FUNCTIONS.get(key)
+    cuda = lib()
+    if found is None:
+        handle = ctypes.c_void_p()
+        code = cuda.cuKernelGetFunction(ctypes.byref(handle), ctypes.c_void_p(key[0]))
+        if code != 0:
+            raise RuntimeError(f"attncc: cuKernelGetFunction: {error_name(code)}")
+        found = _FUNCTIONS[key] = [int(handle.value or 0), 0]
+    if found[1] < shared_bytes:
+        code = cuda.cuFuncSetAttribute(ctypes.c_void_p(found[0]), _MAX_DYNAMIC_SHARED, shared_bytes)
+        if code != 0:
+            raise RuntimeError(
+                f"attncc: cannot give a CUDA kernel {shared_bytes} bytes of shared memory "
+                f"({error_name(code)})"
+            )
+        found[1] = shared_bytes
+    return found[0]
+
+
+# struct codes of the numpy scalars a launch passes (pointers, ints, floats)
+_CODES = {np.uint64: "Q", np.int64: "q", np.uint32: "I", np.int32: "i", np.float32: "f"}
+_POINTER = struct.Struct("<Q")
+# a parameter list's kinds (a scalar's type, an encoded map's length) -> its packing
+_LAYOUTS: dict[tuple[Any, ...], tuple[struct.Struct, tuple[int, ...]]] = {}
+
+
+def _layout(kinds: tuple[Any, ...]) -> tuple[struct.Struct, tuple[int, ...]]:
+    """One struct for a parameter list: each value at an 8-byte boundary, and the offsets."""
+    found = _LAYOUTS.get(kinds)
+    if found is not None:
+        return found
+    fmt, offsets, at = "<", [], 0
+    for kind in kinds:
+        offsets.append(at)
+        if isinstance(kind, int):  # an encoded map's bytes
+            fmt += f"{kind}s{-kind % 8}x"
+            at += kind + -kind % 8
+        else:
+            code = _CODES[kind]
+            fmt += f"{code}{8 - struct.calcsize(code)}x"
+            at += 8
+    found = _LAYOUTS[kinds] = (struct.Struct(fmt), tuple(offsets))
+    return found
+
+
+def _length(kind: Any) -> int:
+    """A parameter's bytes where it is an encoded map, else 0."""
+    return kind if isinstance(kind, int) else 0
+
+
+class Launch:
+    """One kernel launch, prepared: its function, grid, block, dynamic shared memory, stream
+    and every parameter packed at an 8-byte boundary of one buffer (numpy scalars: pointers,
+    ints, floats; bytes: encoded maps), as cuLaunchKernel reads them. Calling it issues the
+    launch; the values given then replace the parameters at ``slots`` (pointers as ints,
+    maps as bytes of their length) first. The driver copies the parameters during the call,
+    so the buffer is reused; a lock keeps two threads from patching it at once."""
+
+    def __init__(
+        self,
+        function: int,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_bytes: int,
+        stream: int,
+        args: Sequence[np.generic | bytes],
+        slots: Sequence[int] = (),
+    ) -> None:
+        kinds = tuple(len(a) if isinstance(a, bytes) else type(a) for a in args)
+        packer, offsets = _layout(kinds)
+        self._buffer = ctypes.create_string_buffer(packer.pack(*args), packer.size)
+        self._bytes = memoryview(self._buffer).cast("B")
+        base = ctypes.addressof(self._buffer)
+        params = (ctypes.c_void_p * len(offsets))(*[base + at for at in offsets])
+        # (offset, length) of each slot: a map's length, 0 for a pointer
+        self._slots = tuple((offsets[i], _length(kinds[i])) for i in slots)
+        self._lock = threading.Lock()
+        self._call = (
+            ctypes.c_void_p(function), *grid, *block, shared_bytes, ctypes.c_void_p(stream),
+            params, None,
+        )  # fmt: skip
+
+    def __call__(self, *values: int | bytes) -> None:
+        if len(values) != len(self._slots):
+            raise TypeError(f"a launch with {len(self._slots)} slots, given {len(values)} values")
+        with self._lock:
+            for (at, length), value in zip(self._slots, values, strict=True):
+                if isinstance(value, bytes):
+                    self._bytes[at : at + length] = value
+                else:
+                    _POINTER.pack_into(self._bytes, at, value)
+            code = lib().cuLaunchKernel(*self._call)
+        if code != 0:
+            raise RuntimeError(f"attncc: cuLaunchKernel: {error_name(code)}")

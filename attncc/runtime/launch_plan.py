@@ -1,0 +1,147 @@
+"""Launch plans: a CUDA host module's work for one call geometry, done once.
+
+Everything a fused call decides on the host (checks, tiles, copies, grid, shared memory,
+compiled kernels, packed parameters) follows from what ``Plans.key`` reads: each input's
+shape, strides, dtype, device and 16-byte alignment, the params, ``return_lse``, whether an
+auto kernel may fall back to Triton, and PyTorch's current stream. A later call with the same
+key only allocates its outputs, writes its data pointers (and tensor maps) into the
+prepared launches and issues them: tens of microseconds of host time instead of 150-250,
+which a short kernel (a 2k document mask: 150 us of GPU time) otherwise waits for.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from attncc.runtime import driver, tensor_map
+from attncc.runtime.nvrtc import current_stream
+
+Result = tuple[torch.Tensor, torch.Tensor]
+# an input's encoded maps: (input name, tensor_map.encode's arguments after the pointer)
+MapSpec = tuple[str, tensor_map.MapLayout]
+
+# a call a kernel of target "auto" hands to its Triton fallback (a plan of its own kind)
+FALLS_BACK = "falls back"
+# params that may enter a key: their value and type say all (a tensor's value could change)
+_PLAIN_PARAMS = (int, float, bool)
+
+
+class Plans:
+    """A host module's plans by key, at most ``limit`` (the oldest dropped first: a model
+    with a new sequence length every call must not grow it without bound)."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._plans: dict[tuple[Any, ...], Any] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(
+        tensors: dict[str, Any], params: dict[str, Any], return_lse: bool, falls_back: bool
+    ) -> tuple[Any, ...] | None:
+        """What a plan depends on besides the data pointers (the module's docstring); None
+        for a call no plan may take: an input that is not a plain tensor (a subclass, a
+        fake tensor while tracing), or a param that is not a plain number."""
+        key: list[Any] = [return_lse, falls_back]
+        device = None
+        for name, t in tensors.items():
+            if type(t) is not torch.Tensor:
+                return None
+            device = t.device
+            key += (name, t.shape, t.stride(), t.dtype, device, t.data_ptr() % 16)
+        for name, value in params.items():
+            if type(value) not in _PLAIN_PARAMS:
+                return None
+            key += (name, type(value), value)
+        if device is not None and device.type == "cuda":
+            key.append(current_stream(device.index))
+        return tuple(key)
+
+    def get(self, key: tuple[Any, ...] | None) -> Any:
+        return self._plans.get(key) if key is not None else None
+
+    def remember(self, key: tuple[Any, ...] | None, plan: Any) -> None:
+        if key is None:
+            return
+        with self._lock:
+            while len(self._plans) >= self.limit:
+                del self._plans[next(iter(self._plans))]
+            self._plans[key] = plan
+
+    def clear(self) -> None:
+        """Forget every plan (after changing a module table the plans were made from)."""
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+class FusedPlan:
+    """A fused call's launches for one key: the attention kernel's and, with a tile index,
+    its builder's, prepared (attncc.runtime.driver.Launch) with their pointer parameters
+    (and K's and V's tensor maps) left as slots. Calling it with a call's inputs allocates
+    the outputs (``allocate``), converts integer inputs to their declared width
+    (``conversions``), fills the slots and issues the launches; it returns None, having
+    launched nothing, where the calling thread's CUDA context is not the plan's or a map
+    cannot be encoded: the caller then takes the full path."""
+
+    def __init__(
+        self,
+        allocate: Callable[[], Result],
+        pointers: Callable[[dict[str, Any], torch.Tensor, torch.Tensor], tuple[int, ...]],
+        attend: driver.Launch,
+        *,
+        builder: driver.Launch | None = None,
+        index_words: int = 0,
+        maps: Sequence[MapSpec] = (),
+        conversions: Sequence[tuple[str, torch.dtype]] = (),
+        keep: Sequence[Any] = (),
+    ) -> None:
+        self.context = driver.current_context()
+        self.allocate = allocate
+        self.pointers = pointers
+        self.attend = attend
+        self.builder = builder
+        self.index_words = index_words
+        self.maps = tuple(maps)
+        self.conversions = tuple(conversions)
+        self.keep = tuple(keep)  # the kernels (their loaded cubin) and buffers launches point at
+
+    def __call__(self, tensors: dict[str, Any]) -> Result | None:
+        if driver.current_context() != self.context:
+            return None
+        if self.conversions:
+            tensors = {**tensors, **{n: tensors[n].to(dtype) for n, dtype in self.conversions}}
+        try:
+            maps = [tensor_map.encode(tensors[n].data_ptr(), *layout) for n, layout in self.maps]
+        except tensor_map.TensorMapRefused:
+            return None
+        out, lse = self.allocate()
+        pointers = self.pointers(tensors, out, lse)
+        if self.builder is None:
+            self.attend(*pointers, *maps)
+            return out, lse
+        # `index` stays referenced until both launches are queued: freed before, its block
+        # could go to the next allocation, which the attention kernel would then read
+        index = torch.empty(self.index_words, dtype=torch.int32, device=out.device)
+        self.builder(*pointers, index.data_ptr())
+        self.attend(*pointers, index.data_ptr(), *maps)
+        return out, lse
+
+
+class EmptyPlan:
+    """A call with no rows or no keys: a zero output and a -inf log-sum-exp."""
+
+    def __init__(self, allocate: Callable[[], Result]) -> None:
+        self.allocate = allocate
+
+    def __call__(self, tensors: dict[str, Any]) -> Result:
+        out, lse = self.allocate()
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse

@@ -1,0 +1,204 @@
+"""Launch plans and driver launches of the CUDA target, on CPU: the packed parameters a
+launch hands the driver (a fake one here), which calls share a plan, and what a plan does
+with a call (the launches themselves need a GPU: tests/gpu/test_gpu_cuda.py)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from attncc.runtime import driver, launch_plan, tensor_map
+
+
+class _FakeDriver:
+    """The driver calls of launches, recorded; each parameter read back from its pointer."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.attribute_sets: list[int] = []
+        self.launches: list[list[bytes]] = []
+
+    def cuKernelGetFunction(self, out: object, kernel: ctypes.c_void_p) -> int:
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = 0x1234
+        return 0
+
+    def cuFuncSetAttribute(self, function: object, attribute: int, value: int) -> int:
+        self.attribute_sets.append(value)
+        return 0
+
+    def cuLaunchKernel(self, function: object, *rest: object) -> int:
+        params: Any = rest[8]
+        self.launches.append([ctypes.string_at(params[i], n) for i, n in enumerate(self.sizes)])
+        return 0
+
+
+@pytest.fixture
+def fake_driver(monkeypatch: pytest.MonkeyPatch) -> _FakeDriver:
+    fake = _FakeDriver([8, 4, 4, 128, 8])
+    monkeypatch.setattr(driver, "lib", lambda: fake)
+    monkeypatch.setattr(driver, "_FUNCTIONS", {})
+    return fake
+
+
+def _bytes(value: np.generic | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.tobytes()
+
+
+ARGS = [np.uint64(2**40 + 3), np.int32(-7), np.float32(0.5), bytes(range(128)), np.uint64(0)]
+
+
+def test_a_launch_passes_every_parameter_and_opts_in_once(fake_driver: _FakeDriver) -> None:
+    """Every value reaches the driver as its own bytes (maps whole) when the launch is
+    issued, not when prepared; the shared-memory limit is raised once per function, again
+    only for a larger request."""
+    kernel = type("Kernel", (), {"handle": 99})()
+    for issued, shared in enumerate((200_000, 100_000, 220_000)):
+        function = driver.function(kernel, 0, shared)
+        launch = driver.Launch(function, (1, 1, 1), (384, 1, 1), shared, 7, ARGS)
+        assert len(fake_driver.launches) == issued  # prepared, not issued
+        launch()
+    assert fake_driver.launches[0] == [_bytes(a) for a in ARGS]
+    assert fake_driver.launches[0] == fake_driver.launches[2]
+    assert fake_driver.attribute_sets == [200_000, 220_000]
+
+
+def test_slots_take_each_calls_pointers_and_maps(fake_driver: _FakeDriver) -> None:
+    """A prepared launch issued again with new values for its slots (a pointer, a map)
+    passes them and keeps every other parameter; a call with the wrong number of values is
+    refused before anything launches."""
+    launch = driver.Launch(0x1234, (2, 1, 1), (128, 1, 1), 0, 0, ARGS, slots=(0, 3, 4))
+    launch(2**33 + 16, bytes([7]) * 128, 2**20)
+    launch(2**34, bytes([9]) * 128, 0)
+    first, second = fake_driver.launches
+    assert first == [
+        np.uint64(2**33 + 16).tobytes(), *[_bytes(a) for a in ARGS[1:3]], bytes([7]) * 128,
+        np.uint64(2**20).tobytes(),
+    ]  # fmt: skip
+    assert second[0] == np.uint64(2**34).tobytes() and second[3] == bytes([9]) * 128
+    assert second[1:3] == first[1:3] and second[4] == bytes(8)
+    with pytest.raises(TypeError, match="3 slots, given 2 values"):
+        launch(1, bytes(128))
+    assert len(fake_driver.launches) == 2
+
+
+def _inputs(n: int = 64, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    q, k, v = (torch.randn(2, 4, n, 64).to(dtype) for _ in range(3))
+    return {"q": q, "k": k, "v": v, "doc": torch.randint(0, 3, (2, n), dtype=torch.int32)}
+
+
+def test_calls_alike_but_for_their_data_share_a_plan_key() -> None:
+    """The key reads geometry, not data: fresh tensors of the same shapes, strides, dtypes
+    and alignment share it; a different stride, dtype, 16-byte alignment, size, param value
+    or type, return_lse or fallback each make another."""
+    key = launch_plan.Plans.key
+    base = key(_inputs(), {"scale": 0.125}, False, True)
+    assert base is not None and key(_inputs(), {"scale": 0.125}, False, True) == base
+    other = _inputs()
+    transposed = {**other, "k": other["k"].transpose(1, 2).contiguous().transpose(1, 2)}
+    offset = torch.randn(2 * 4 * 64 * 64 + 1).bfloat16()[1:].view(2, 4, 64, 64)
+    variants = [
+        key(transposed, {"scale": 0.125}, False, True),
+        key(_inputs(dtype=torch.float16), {"scale": 0.125}, False, True),
+        key({**other, "q": offset}, {"scale": 0.125}, False, True),
+        key(_inputs(n=65), {"scale": 0.125}, False, True),
+        key(_inputs(), {"scale": 0.25}, False, True),
+        key(_inputs(), {"scale": 1}, False, True),
+        key(_inputs(), {}, False, True),
+        key(_inputs(), {"scale": 0.125}, True, True),
+        key(_inputs(), {"scale": 0.125}, False, False),
+    ]
+    assert base not in variants and len(set(variants)) == len(variants)
+
+
+def test_calls_no_plan_may_take_have_no_key() -> None:
+    """Tensor subclasses (fake or functional tensors while tracing) and params that are not
+    plain numbers (a tensor's value could change between calls) get no key."""
+
+    class Sub(torch.Tensor):
+        pass
+
+    inputs = _inputs()
+    assert (
+        launch_plan.Plans.key({**inputs, "q": inputs["q"].as_subclass(Sub)}, {}, False, False)
+        is None
+    )
+    assert launch_plan.Plans.key(inputs, {"scale": torch.tensor(0.5)}, False, False) is None
+    assert launch_plan.Plans.key({**inputs, "q": [1.0]}, {}, False, False) is None
+
+
+def test_plans_keep_the_newest_up_to_their_limit() -> None:
+    plans = launch_plan.Plans(limit=3)
+    for i in range(5):
+        plans.remember((i,), f"plan {i}")
+    assert len(plans) == 3 and plans.get((0,)) is None and plans.get((4,)) == "plan 4"
+    plans.remember(None, "no key")
+    assert plans.get(None) is None and len(plans) == 3
+    plans.clear()
+    assert len(plans) == 0
+
+
+class _Recorded:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def __call__(self, *values: Any) -> None:
+        self.calls.append(values)
+
+
+def _plan(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tuple[launch_plan.FusedPlan, Any]:
+    contexts = [11]
+    monkeypatch.setattr(driver, "current_context", lambda: contexts[0])
+    monkeypatch.setattr(tensor_map, "encode", lambda ptr, *layout: ptr.to_bytes(128, "little"))
+
+    def allocate() -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.empty(2, 4, 64, 64), torch.empty(0)
+
+    def pointers(tensors: dict[str, Any], out: torch.Tensor, lse: torch.Tensor) -> tuple[int, ...]:
+        return (tensors["k"].data_ptr(), tensors["doc"].data_ptr(), out.data_ptr())
+
+    plan = launch_plan.FusedPlan(allocate, pointers, _Recorded(), **kwargs)  # type: ignore[arg-type]
+    return plan, contexts
+
+
+def test_a_plan_fills_each_calls_pointers_index_and_maps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builder gets the call's pointers and a fresh index; the attention kernel the same
+    pointers, the same index and the maps of this call's K; an int64 document id tensor is
+    converted to its declared int32 first (its pointer is the copy's)."""
+    layout = (torch.bfloat16, 64, 64, 64, 65, 128)
+    plan, _ = _plan(
+        monkeypatch,
+        builder=_Recorded(),
+        index_words=40,
+        maps=[("k", layout)],
+        conversions=[("doc", torch.int32)],
+    )
+    inputs = {**_inputs(), "doc": torch.zeros(2, 64, dtype=torch.int64)}
+    done = plan(inputs)
+    assert done is not None
+    out, _ = done
+    (built,) = plan.builder.calls  # type: ignore[union-attr]
+    (attended,) = plan.attend.calls  # type: ignore[attr-defined]
+    k_ptr = inputs["k"].data_ptr()
+    assert built[0] == k_ptr and built[2] == out.data_ptr()
+    assert built[1] != inputs["doc"].data_ptr()  # the converted copy
+    assert attended[:4] == built and attended[4] == k_ptr.to_bytes(128, "little")
+
+
+def test_a_plan_launches_nothing_in_another_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread whose current CUDA context is not the plan's (its function handles belong to
+    that one) gets None, nothing launched: the caller takes the full path."""
+    plan, contexts = _plan(monkeypatch)
+    assert plan(_inputs()) is not None
+    contexts[0] = 12
+    assert plan(_inputs()) is None
+    assert len(plan.attend.calls) == 1  # type: ignore[attr-defined]
+
+
+def test_an_empty_plan_zeroes_the_output() -> None:
+    plan = launch_plan.EmptyPlan(lambda: (torch.full((2, 3), 5.0), torch.full((2,), 5.0)))
+    out, lse = plan({})
+    assert torch.equal(out, torch.zeros(2, 3)) and bool(torch.isneginf(lse).all())
