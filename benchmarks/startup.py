@@ -3,11 +3,13 @@
 Run twice by gpu_suite.sh: first with empty caches (cold compile, Triton JIT included),
 then warm (a new process reusing the on-disk attncc and Triton caches).
 
-    python3 benchmarks/startup.py SPEC LABEL [profile]   (profile: cProfile of the timed part)
+    [TARGET=auto] python3 benchmarks/startup.py SPEC LABEL [profile]
+    (profile: cProfile of the timed part; TARGET: the target compiled for, triton unless set)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -30,8 +32,9 @@ if "profile" in sys.argv[3:]:  # where a warm start's time goes: the top entries
     profile = cProfile.Profile()
     profile.enable()
 ready = time.perf_counter()
-# Triton by name, as in every earlier run (auto would pick CUDA for prefill on an H100)
-kernel = attncc.compile(spec, target="triton")
+# Triton by name unless TARGET says otherwise, as in every earlier run (auto, the default,
+# picks CUDA for prefill on an H100/H200)
+kernel = attncc.compile(spec, target=os.environ.get("TARGET", "triton"))
 compiled = time.perf_counter()
 kernel(q, kv, kv)
 torch.cuda.synchronize()
@@ -42,7 +45,8 @@ if profile is not None:
     profile.disable()
     pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
 print(
-    f"{label}: import {imported - start:.2f} s, CUDA context {ready - imported:.2f} s, "
+    f"{label} ({kernel.target}): import {imported - start:.2f} s, "
+    f"CUDA context {ready - imported:.2f} s, "
     f"attncc.compile {compiled - ready:.3f} s, "
     f"first call {done - compiled:.2f} s (autotuned {kernel.tuner.tuned} time(s)), "
     f"compile + first call {done - ready:.2f} s"

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-# N of the m64nNk16 shapes: key tiles of Q * K^T and padded value dims of P * V
+# N of the m64nNk16 shapes: key tiles of Q * K^T and padded value dims of P * V, and (A from
+# registers) 64 value dims with an 8-column block of row sums (ATTNCC_ROW_SUMS_MMA)
 WIDTHS = (64, 128)
+ROW_SUM_WIDTHS = (72,)
 ELEMENTS = (("bf16_t", "bf16"), ("f16_t", "f16"))
 
 
@@ -47,5 +49,5 @@ def instructions() -> list[dict[str, Any]]:
         _instruction(elem, ptx_type, n, a_in_registers)
         for a_in_registers in (False, True)
         for elem, ptx_type in ELEMENTS
-        for n in WIDTHS
+        for n in WIDTHS + (ROW_SUM_WIDTHS if a_in_registers else ())
     ]

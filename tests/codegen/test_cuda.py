@@ -115,6 +115,21 @@ VARIANTS: dict[str, dict[str, object]] = {
         "ATTNCC_TMA": 1,
         "ATTNCC_STAGES": 3,
     },
+    # the default at head dim 64 without the log-sum-exp: the row sums from the P V MMAs
+    "wgmma2-row-sums-bf16-64": {
+        "ATTNCC_WGMMA": 2,
+        "ATTNCC_DP": 64,
+        "ATTNCC_DVP": 64,
+        "ATTNCC_M_TILES": 1,
+        "ATTNCC_WARPS": 12,
+        "ATTNCC_BLOCK_N": 128,
+        "ATTNCC_TMA": 1,
+        "ATTNCC_STAGES": 3,
+        "ATTNCC_PRODUCER_REGISTERS": 32,
+        "ATTNCC_MMA_REGISTERS": 160,
+        "ATTNCC_Q_BUFFERS": 2,
+        "ATTNCC_ROW_SUMS_MMA": 1,
+    },
     # the default at head dim 128: two Q buffers, two stages, ping-pong
     "wgmma2-two-q-bf16-128": {
         "ATTNCC_WGMMA": 2,
@@ -138,6 +153,7 @@ FULL_COMPILE += [
         "wgmma2-two-q-bf16-128",
         "wgmma2-one-group-bf16-64",
         "wgmma2-three-groups-bf16-64",
+        "wgmma2-row-sums-bf16-64",
     )
 ]
 
