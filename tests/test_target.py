@@ -42,13 +42,8 @@ def fake_device(
         assert capability is not None, "asked for the capability with no CUDA device"
         return capability
 
-    def core() -> object:
-        if not cuda_core:
-            raise nvrtc.CudaUnavailable("no cuda.core (faked)")
-        return object()
-
     monkeypatch.setattr(torch.cuda, "get_device_capability", device_capability)
-    monkeypatch.setattr(nvrtc, "_core", core)
+    monkeypatch.setattr(nvrtc, "_find_core", lambda: cuda_core)
 
 
 @cache
@@ -119,7 +114,7 @@ def test_the_ir_decides_before_the_device_is_asked(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(torch.cuda, "is_available", untouchable)
     monkeypatch.setattr(torch.cuda, "get_device_capability", untouchable)
-    monkeypatch.setattr(nvrtc, "_core", untouchable)
+    monkeypatch.setattr(nvrtc, "_find_core", untouchable)
     for name in ("decode", "naive"):
         assert auto_target(optimised(name)) == "triton"
 

@@ -14,6 +14,7 @@ import functools
 import struct
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,26 @@ def lib() -> Any:
     cuda.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
     cuda.cuGetErrorName.restype = ctypes.c_int
     cuda.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    cuda.cuLibraryLoadData.restype = ctypes.c_int
+    cuda.cuLibraryLoadData.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint,
+    ]  # fmt: skip
+    cuda.cuLibraryGetKernel.restype = ctypes.c_int
+    cuda.cuLibraryGetKernel.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p,
+    ]  # fmt: skip
+    cuda.cuDeviceGet.restype = ctypes.c_int
+    cuda.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    cuda.cuDevicePrimaryCtxRetain.restype = ctypes.c_int
+    cuda.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    cuda.cuCtxSetCurrent.restype = ctypes.c_int
+    cuda.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+    cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor.restype = ctypes.c_int
+    cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
+        ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t,
+    ]  # fmt: skip
+    cuda.cuInit(0)  # a no-op once PyTorch initialised CUDA
     return cuda
 
 
@@ -51,6 +72,65 @@ def error_name(code: int) -> str:
     name = ctypes.c_char_p()
     lib().cuGetErrorName(code, ctypes.byref(name))
     return (name.value or b"").decode() or f"CUresult {code}"
+
+
+def _check(code: int, call: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"attncc: {call}: {error_name(code)}")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel of a loaded cubin: its CUkernel handle (context-independent: the driver
+    loads it into a context on first use there) and its name."""
+
+    handle: int
+    name: str
+
+
+def load_kernels(cubin: bytes, names: Sequence[str]) -> tuple[Kernel, ...]:
+    """The kernels ``names`` of ``cubin``, loaded as a library (cuLibraryLoadData, as
+    cuda.core loads them; never unloaded: a process keeps what it compiled)."""
+    cuda = lib()
+    library = ctypes.c_void_p()
+    code = cuda.cuLibraryLoadData(ctypes.byref(library), cubin, None, None, 0, None, None, 0)
+    _check(code, "cuLibraryLoadData")
+    kernels = []
+    for name in names:
+        handle = ctypes.c_void_p()
+        _check(cuda.cuLibraryGetKernel(ctypes.byref(handle), library, name.encode()), name)
+        kernels.append(Kernel(int(handle.value or 0), name))
+    return tuple(kernels)
+
+
+# device index -> its primary context (the one PyTorch's runtime uses)
+_PRIMARY: dict[int, int] = {}
+
+
+def make_current(index: int) -> None:
+    """Make device ``index``'s primary context the calling thread's current one."""
+    context = _PRIMARY.get(index)
+    cuda = lib()
+    if context is None:
+        device = ctypes.c_int()
+        _check(cuda.cuDeviceGet(ctypes.byref(device), index), "cuDeviceGet")
+        handle = ctypes.c_void_p()
+        _check(
+            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(handle), device), "cuDevicePrimaryCtxRetain"
+        )
+        context = _PRIMARY[index] = int(handle.value or 0)
+    _check(cuda.cuCtxSetCurrent(ctypes.c_void_p(context)), "cuCtxSetCurrent")
+
+
+def resident_blocks(kernel: Kernel, device_index: int, threads: int) -> int:
+    """Blocks of ``threads`` threads (static shared memory only) of ``kernel`` one
+    multiprocessor holds at once (the driver's occupancy calculator; 0 if it refuses)."""
+    blocks = ctypes.c_int()
+    handle = ctypes.c_void_p(function(kernel, device_index, 0))
+    code = lib().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(blocks), handle, threads, 0
+    )
+    return int(blocks.value) if code == 0 else 0
 
 
 def current_context() -> int:

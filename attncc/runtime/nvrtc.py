@@ -1,14 +1,16 @@
 """Compile CUDA sources with NVRTC (through ``cuda.core``), cache the cubins on disk, launch
 kernels on PyTorch's current stream (through the driver API: attncc.runtime.driver).
 
-``cuda.core`` is imported on first use only, so machines without cuda-python (CPU-only CI)
-still import attncc and render CUDA sources. A cubin is keyed by the source, the ATTNCC_*
+``cuda.core`` is imported only to compile (NVRTC), so machines without cuda-python (CPU-only
+CI) still import attncc and render CUDA sources, and a warm start (every cubin cached) never
+imports it: cubins load and kernels launch through the driver API. A cubin is keyed by the source, the ATTNCC_*
 macros selecting the variant, the GPU architecture and the attncc version; it is written
 atomically under ``<cache>/cubin`` and loaded from there by later processes.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,8 +26,7 @@ from attncc.runtime import driver
 _LOCK = threading.Lock()
 # (source key, defines, device index, kernel names, arch features) -> kernels
 _KernelKey = tuple[str, tuple[tuple[str, Any], ...], int, tuple[str, ...], str]
-_KERNELS: dict[_KernelKey, tuple[Any, ...]] = {}
-_DEVICES: dict[int, Any] = {}
+_KERNELS: dict[_KernelKey, tuple[driver.Kernel, ...]] = {}
 
 
 class CudaUnavailable(RuntimeError):
@@ -47,13 +48,18 @@ def _core() -> Any:
 
 
 def available() -> bool:
-    """Whether ``cuda.core`` imports here (imports it, once, if so): the test of ``_core``,
-    for ``target="auto"`` to ask before choosing the CUDA target."""
+    """Whether cuda.core is installed, for ``target="auto"`` to ask before choosing the CUDA
+    target: found, not imported. Only NVRTC compiles need it (kernels load and launch
+    through the driver, attncc.runtime.driver), and its import took ~0.12 s of a warm
+    start's 0.24 (H100, session 13)."""
+    return _find_core()
+
+
+def _find_core() -> bool:
     try:
-        _core()
-    except CudaUnavailable:
+        return importlib.util.find_spec("cuda.core") is not None
+    except (ImportError, ValueError):  # no `cuda` package at all, or a broken one
         return False
-    return True
 
 
 def pointer(t: torch.Tensor) -> np.uint64:
@@ -106,14 +112,9 @@ def compile_cubin(source: str, defines: Sequence[tuple[str, Any]], target: str) 
     return bytes(code) if not isinstance(code, bytes) else code
 
 
-def _device(device: torch.device) -> Any:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    found = _DEVICES.get(index)
-    if found is None:
-        found = _core().Device(index)
-        _DEVICES[index] = found
-    found.set_current()
-    return found
+def _device(device: torch.device) -> None:
+    """Make ``device``'s primary context (PyTorch's) current on this thread."""
+    driver.make_current(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def kernels(
@@ -123,7 +124,7 @@ def kernels(
     names: tuple[str, ...],
     device: torch.device,
     arch_features: str = "",
-) -> tuple[Any, ...]:
+) -> tuple[driver.Kernel, ...]:
     """The kernels ``names`` of ``source`` compiled with ``defines`` for ``device``'s GPU
     (``arch_features`` "a": its architecture-specific features, as sm_90a's wgmma): from this
     process's table, else the disk cache, else NVRTC."""
@@ -136,7 +137,6 @@ def kernels(
         found = _KERNELS.get(key)
         if found is not None:
             return found
-        core = _core()
         _device(device)
         target = arch(device) + arch_features
         path = cubin_path(key_of_source, defines, target)
@@ -145,20 +145,18 @@ def kernels(
         except OSError:
             data = compile_cubin(source, defines, target)
             atomic_write_bytes(path, data)
-        obj = core.ObjectCode.from_cubin(data)
-        found = tuple(obj.get_kernel(name) for name in names)
+        found = driver.load_kernels(data, names)
         _KERNELS[key] = found
         return found
 
 
-def resident_blocks(kernel: Any, threads: int) -> int:
+def resident_blocks(kernel: driver.Kernel, device: torch.device, threads: int) -> int:
     """Blocks of ``threads`` threads (static shared memory only) of ``kernel`` that one
-    multiprocessor holds at once, from the driver's occupancy calculator; 0 where this
-    cuda.core has no occupancy query."""
-    try:
-        return int(kernel.occupancy.max_active_blocks_per_multiprocessor(threads, 0))
-    except Exception:  # an older cuda.core, or a driver that refuses: the caller estimates
-        return 0
+    multiprocessor of ``device`` holds at once, from the driver's occupancy calculator; 0
+    where it refuses (the caller estimates)."""
+    _device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return driver.resident_blocks(kernel, index, threads)
 
 
 def launch(*args: Any, **kwargs: Any) -> None:

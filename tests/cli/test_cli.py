@@ -94,7 +94,7 @@ def fake_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ATTNCC_TARGET", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(nvrtc, "_core", lambda: object())
+    monkeypatch.setattr(nvrtc, "_find_core", lambda: True)
 
 
 def test_target_defaults_to_auto_on_every_command() -> None:
