@@ -38,6 +38,20 @@ EXAMPLES = ROOT / "examples"
 NAMES = sorted(p.stem for p in EXAMPLES.glob("*.attn"))
 NVCC = shutil.which("nvcc")
 
+# three MMA groups on 192-row tiles: the default at head dim 64
+THREE_GROUPS_64 = {
+    "ATTNCC_WGMMA": 2,
+    "ATTNCC_DP": 64,
+    "ATTNCC_DVP": 64,
+    "ATTNCC_M_TILES": 1,
+    "ATTNCC_WARPS": 12,
+    "ATTNCC_BLOCK_N": 128,
+    "ATTNCC_TMA": 1,
+    "ATTNCC_STAGES": 3,
+    "ATTNCC_PRODUCER_REGISTERS": 32,
+    "ATTNCC_MMA_REGISTERS": 160,
+    "ATTNCC_Q_BUFFERS": 2,
+}
 # the variants the runtime picks (see templates/cuda/host.py.jinja), as ATTNCC_* macros
 VARIANTS: dict[str, dict[str, object]] = {
     "bf16-128": {},
@@ -94,19 +108,7 @@ VARIANTS: dict[str, dict[str, object]] = {
         "ATTNCC_MMA_REGISTERS": 232,
         "ATTNCC_Q_BUFFERS": 2,
     },
-    "wgmma2-three-groups-bf16-64": {
-        "ATTNCC_WGMMA": 2,
-        "ATTNCC_DP": 64,
-        "ATTNCC_DVP": 64,
-        "ATTNCC_M_TILES": 1,
-        "ATTNCC_WARPS": 12,
-        "ATTNCC_BLOCK_N": 128,
-        "ATTNCC_TMA": 1,
-        "ATTNCC_STAGES": 3,
-        "ATTNCC_PRODUCER_REGISTERS": 32,
-        "ATTNCC_MMA_REGISTERS": 160,
-        "ATTNCC_Q_BUFFERS": 2,
-    },
+    "wgmma2-three-groups-bf16-64": THREE_GROUPS_64,
     "wgmma2-tma-bf16-128": {
         "ATTNCC_WGMMA": 2,
         "ATTNCC_M_TILES": 1,
@@ -116,20 +118,7 @@ VARIANTS: dict[str, dict[str, object]] = {
         "ATTNCC_STAGES": 3,
     },
     # the default at head dim 64 without the log-sum-exp: the row sums from the P V MMAs
-    "wgmma2-row-sums-bf16-64": {
-        "ATTNCC_WGMMA": 2,
-        "ATTNCC_DP": 64,
-        "ATTNCC_DVP": 64,
-        "ATTNCC_M_TILES": 1,
-        "ATTNCC_WARPS": 12,
-        "ATTNCC_BLOCK_N": 128,
-        "ATTNCC_TMA": 1,
-        "ATTNCC_STAGES": 3,
-        "ATTNCC_PRODUCER_REGISTERS": 32,
-        "ATTNCC_MMA_REGISTERS": 160,
-        "ATTNCC_Q_BUFFERS": 2,
-        "ATTNCC_ROW_SUMS_MMA": 1,
-    },
+    "wgmma2-row-sums-bf16-64": {**THREE_GROUPS_64, "ATTNCC_ROW_SUMS_MMA": 1},
     # the default at head dim 128: two Q buffers, two stages, ping-pong
     "wgmma2-two-q-bf16-128": {
         "ATTNCC_WGMMA": 2,
