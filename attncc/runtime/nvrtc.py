@@ -3,9 +3,10 @@ kernels on PyTorch's current stream (through the driver API: attncc.runtime.driv
 
 ``cuda.core`` is imported only to compile (NVRTC), so machines without cuda-python (CPU-only
 CI) still import attncc and render CUDA sources, and a warm start (every cubin cached) never
-imports it: cubins load and kernels launch through the driver API. A cubin is keyed by the source, the ATTNCC_*
-macros selecting the variant, the GPU architecture and the attncc version; it is written
-atomically under ``<cache>/cubin`` and loaded from there by later processes.
+imports it: cubins load and kernels launch through the driver API. A cubin is keyed by the
+source, the ATTNCC_* macros selecting the variant, the GPU architecture and the attncc
+version; it is written atomically under ``<cache>/cubin`` and loaded from there by later
+processes.
 """
 
 from __future__ import annotations
