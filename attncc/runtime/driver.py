@@ -1,6 +1,6 @@
-"""Kernel launches through the CUDA driver API (libcuda through ctypes), for the CUDA target's
-fused kernels: every parameter packed once into one buffer, so a call that repeats a launch
-rewrites only its pointers (and tensor maps) there and issues it.
+"""The CUDA target's cubin loads and kernel launches through the CUDA driver API (libcuda
+through ctypes): every parameter of a launch packed once into one buffer, so a call that
+repeats a launch rewrites only its pointers (and tensor maps) there and issues it.
 
 cuda.core's launcher passes scalars and pointers only, and it converts each of them on every
 launch; a tensor map (a 128-byte ``__grid_constant__`` parameter, attncc.runtime.tensor_map)

@@ -30,6 +30,16 @@ FALLS_BACK = "falls back"
 _PLAIN_PARAMS = (int, float, bool)
 
 
+def convert(
+    tensors: dict[str, Any], conversions: Sequence[tuple[str, torch.dtype]]
+) -> dict[str, Any]:
+    """``tensors`` with each (input, dtype) of ``conversions`` converted (integer inputs to
+    their declared width)."""
+    if not conversions:
+        return tensors
+    return {**tensors, **{name: tensors[name].to(dtype) for name, dtype in conversions}}
+
+
 class Plans:
     """A host module's plans by key, at most ``limit`` (the oldest dropped first: a model
     with a new sequence length every call must not grow it without bound)."""
@@ -115,8 +125,7 @@ class FusedPlan:
     def __call__(self, tensors: dict[str, Any]) -> Result | None:
         if driver.current_context() != self.context:
             return None
-        if self.conversions:
-            tensors = {**tensors, **{n: tensors[n].to(dtype) for n, dtype in self.conversions}}
+        tensors = convert(tensors, self.conversions)
         try:
             maps = [tensor_map.encode(tensors[n].data_ptr(), *layout) for n, layout in self.maps]
         except tensor_map.TensorMapRefused:

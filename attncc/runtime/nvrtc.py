@@ -31,7 +31,7 @@ _KERNELS: dict[_KernelKey, tuple[driver.Kernel, ...]] = {}
 
 
 class CudaUnavailable(RuntimeError):
-    """cuda-python (cuda.core) is missing: the CUDA target cannot compile or launch."""
+    """cuda-python (cuda.core) is missing: the CUDA target cannot compile its kernels."""
 
 
 def _core() -> Any:
@@ -113,9 +113,11 @@ def compile_cubin(source: str, defines: Sequence[tuple[str, Any]], target: str) 
     return bytes(code) if not isinstance(code, bytes) else code
 
 
-def _device(device: torch.device) -> None:
-    """Make ``device``'s primary context (PyTorch's) current on this thread."""
-    driver.make_current(device.index if device.index is not None else torch.cuda.current_device())
+def _device(device: torch.device) -> int:
+    """Make ``device``'s primary context (PyTorch's) current on this thread; its index."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    driver.make_current(index)
+    return index
 
 
 def kernels(
@@ -155,9 +157,7 @@ def resident_blocks(kernel: driver.Kernel, device: torch.device, threads: int) -
     """Blocks of ``threads`` threads (static shared memory only) of ``kernel`` that one
     multiprocessor of ``device`` holds at once, from the driver's occupancy calculator; 0
     where it refuses (the caller estimates)."""
-    _device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return driver.resident_blocks(kernel, index, threads)
+    return driver.resident_blocks(kernel, _device(device), threads)
 
 
 def launch(*args: Any, **kwargs: Any) -> None:
@@ -183,17 +183,19 @@ def prepare(
     (attncc.runtime.driver). Two dependent launches prepared first go out back to back, so
     the GPU does not idle between them for the host's work on the second (a short first
     kernel, as a tile index builder, would)."""
-    _device(device)  # the stream's context must be current (the NULL stream uses it)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _device(device)  # the stream's context must be current (the NULL stream uses it)
     function = driver.function(kernel, index, shared_bytes)
     stream = int(torch.cuda.current_stream(device).cuda_stream)
     return driver.Launch(function, grid, block, shared_bytes, stream, (*args, *maps), slots)
 
 
+# PyTorch's raw stream query, where this build has it (a private API, as Triton uses)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def current_stream(index: int) -> int:
     """PyTorch's current stream on device ``index``, as a handle: without building a
     torch.cuda.Stream (a few microseconds of a launch plan's lookup)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return int(raw(index))
+    if _RAW_STREAM is not None:
+        return int(_RAW_STREAM(index))
     return int(torch.cuda.current_stream(index).cuda_stream)

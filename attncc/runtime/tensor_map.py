@@ -34,24 +34,17 @@ class TensorMapRefused(RuntimeError):
     """The driver would not encode a tensor map for these strides or sizes."""
 
 
-def key_tile_map(
-    t: torch.Tensor, key_axis: int, col_axis: int, keys: int, cols: int, rows: int
-) -> bytes:
-    """The encoded map of ``t``'s tiles of ``rows`` keys by 64 head-dim columns (the
-    module's docstring): keys [0, ``keys``) along ``key_axis``, columns [0, ``cols``) along
-    ``col_axis`` (contiguous); every other stride and the start 16-byte aligned (the
-    caller's 16-byte-load check)."""
-    return encode(t.data_ptr(), *key_tile_layout(t, key_axis, col_axis, keys, cols, rows))
-
-
 MapLayout = tuple[torch.dtype, int, int, int, int, int]
 
 
 def key_tile_layout(
     t: torch.Tensor, key_axis: int, col_axis: int, keys: int, cols: int, rows: int
 ) -> MapLayout:
-    """``encode``'s arguments after the pointer for ``key_tile_map``: the same for every
-    tensor of ``t``'s dtype, sizes and strides, so a launch plan keeps them."""
+    """``encode``'s arguments after the pointer for the map of ``t``'s tiles of ``rows`` keys
+    by 64 head-dim columns (the module's docstring): keys [0, ``keys``) along ``key_axis``,
+    columns [0, ``cols``) along ``col_axis`` (contiguous); every other stride and the start
+    16-byte aligned (the caller's 16-byte-load check). The same for every tensor of ``t``'s
+    dtype, sizes and strides, so a launch plan keeps them and encodes each call's pointer."""
     others = [a for a in range(t.dim()) if a not in (key_axis, col_axis)]
     span = sum((t.shape[a] - 1) * t.stride(a) for a in others) // 8 + 1
     return t.dtype, cols, keys, t.stride(key_axis), span, rows
