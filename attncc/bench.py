@@ -356,8 +356,8 @@ def bench_spec(
     new ones past a deadline and appends each row to a JSON-lines file as it is measured.
     ``warm_only`` times nothing: it compiles every launch configuration the tuner would try
     and every anchor, filling the disk caches (run in parallel processes before a matrix).
-    ``rounds`` times attncc and the anchors in turn that many times, each keeping its best
-    (``time_rounds``)."""
+    ``rounds`` times attncc and the anchors in turn that many times, each keeping its best,
+    after an untimed round (``time_rounds``)."""
     plan = plan or RunPlan()
     began = time.perf_counter()
     # the naive schedule has no CUDA kernels: its spec runs fused there
@@ -469,17 +469,21 @@ def time_rounds(
 ) -> dict[Key, float | None]:
     """Each contender's best time over ``rounds`` rounds, timing every contender once per
     round in turn: the GPU's clocks and temperature drift over a long run, and timed back to
-    back, whichever ran first would meet a cooler GPU. A contender that raises is reported
-    and gets None (an anchor that cannot run a shape is a result, not the end), except the
+    back, whichever ran first would meet a cooler GPU. For the same reason a first round
+    goes untimed (a GPU idle before it boosts its clocks for the first ~0.1 s of work: the
+    first contender's best was up to 5% faster than the same kernel's timed after it), and
+    every other round runs in reverse order. A contender that raises is reported and gets
+    None (an anchor that cannot run a shape is a result, not the end), except the
     ``required`` one, whose error propagates."""
     best: dict[Key, float | None] = {}
     failed: set[Key] = set()
-    for _ in range(max(1, rounds)):
-        for name, time_one in contenders.items():
+    names = list(contenders)
+    for round_index in range(max(1, rounds) + 1):
+        for name in names if round_index % 2 == 0 else names[::-1]:
             if name in failed:
                 continue
             try:
-                ms = float(time_one())
+                ms = float(contenders[name]())
             except Exception as err:
                 if name == required:
                     raise
@@ -487,6 +491,8 @@ def time_rounds(
                 failed.add(name)
                 best[name] = None
                 continue
+            if round_index == 0:
+                continue  # the untimed round
             previous = best.get(name)
             best[name] = ms if previous is None else min(previous, ms)
     return best
@@ -556,7 +562,7 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "page", 16) < 1:
         print(f"attncc bench: --page must be at least 1 token, got {args.page}")
         return 2
-    if getattr(args, "rounds", 1) < 1:
+    if getattr(args, "rounds", 2) < 1:
         print(f"attncc bench: --rounds must be at least 1, got {args.rounds}")
         return 2
     if not torch.cuda.is_available():
@@ -582,7 +588,7 @@ def main(args: argparse.Namespace) -> int:
         plan=plan,
         warm_only=warm_only,
         page=getattr(args, "page", 16),
-        rounds=getattr(args, "rounds", 1),
+        rounds=getattr(args, "rounds", 2),
     )
     if warm_only:
         print(f"warmed {args.spec} ({args.dtype}): {args.shapes}")

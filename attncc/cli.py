@@ -194,9 +194,9 @@ def parser() -> argparse.ArgumentParser:
     bench_p.add_argument(
         "--rounds",
         type=int,
-        default=1,
-        help="time attncc and the anchors in turn this many times, each keeping its best "
-        "(default 1)",
+        default=2,
+        help="time attncc and the anchors in turn this many times, after an untimed round "
+        "and in reverse order every other round, each keeping its best (default 2)",
     )
     bench_p.add_argument(
         "--warm",

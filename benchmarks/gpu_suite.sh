@@ -10,7 +10,8 @@
 #   launch configuration of a few shapes; `cuda` the CUDA target alone, check of every
 #   example + prefill/decode bench, a few minutes;
 #   `cudacol` the matrix's CUDA column and Triton on the same shapes;
-#   `profile` Nsight Compute on the causal prefill of both targets and of FlexAttention;
+#   `profile` Nsight Compute of PROFILE_CASES (default: the causal prefill of both targets
+#   and of FlexAttention; PROFILE_SASS=1: stalls per SASS instruction too);
 #   `ab` default_ab.py of AB_CASES with AB_REPLACE (the CUDA target's defaults A/B);
 #   `times` kernel_times.py of TIMES_CASES (each kernel's time a call);
 #   BENCH_TARGET=cuda: `quick` and `decode` bench the CUDA target)
@@ -147,18 +148,30 @@ if has sweep; then
 fi
 
 if has profile; then
-    # Nsight Compute on the causal prefill of both targets and of FlexAttention (tensor pipe,
-    # stall reasons, shared-memory conflicts, occupancy): where each kernel's time goes
-    for target in cuda triton flex; do
+    # Nsight Compute (tensor pipe, stall reasons, shared-memory conflicts, occupancy): where
+    # each kernel's time goes. PROFILE_CASES: "SPEC SHAPE TARGET;..." (TARGET cuda, triton or
+    # flex; default: the causal prefill of all three at D=128). PROFILE_SASS=1 also samples
+    # the warps' stalls per SASS instruction ($OUT/ncu_<case>_sass.csv.gz: the source page)
+    IFS=';' read -ra profile_cases <<< "${PROFILE_CASES:-causal 4,16,4096,128 cuda;causal 4,16,4096,128 triton;causal 4,16,4096,128 flex}"
+    for profile_case in "${profile_cases[@]}"; do
+        read -r p_spec p_shape p_target <<< "$profile_case"
         kernels="fwd|fused"
-        [ "$target" = flex ] && kernels="tem"  # Inductor's template kernel
+        [ "$p_target" = flex ] && kernels="tem"  # Inductor's template kernel
+        name="${p_spec}_${p_shape//[,:]/_}_$p_target"
+        extra=()
+        [ -n "${PROFILE_SASS:-}" ] && extra=(--section SourceCounters --import-source no -o "/tmp/ncu_$name" -f)
         timeout 240 ncu --kernel-name regex:"$kernels" --launch-skip 3 --launch-count 1 \
             --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
             --section MemoryWorkloadAnalysis_Tables --section Occupancy --section LaunchStats \
-            --section InstructionStats --print-details all \
-            python3 benchmarks/profile_call.py examples/causal.attn "4,16,4096,128" $target \
-            > "$OUT/ncu_causal_$target.txt" 2>&1
-        grep -E "Duration|Registers Per|Achieved Occupancy|Pipe Tensor Cycles|Pipe Xu|Issue Slots Busy|Stall|Bank" "$OUT/ncu_causal_$target.txt" | head -30
+            --section InstructionStats --section SchedulerStats "${extra[@]}" --print-details all \
+            python3 benchmarks/profile_call.py "examples/$p_spec.attn" "$p_shape" "$p_target" \
+            > "$OUT/ncu_$name.txt" 2>&1
+        if [ -n "${PROFILE_SASS:-}" ]; then
+            ncu --import "/tmp/ncu_$name.ncu-rep" --print-details all > "$OUT/ncu_$name.txt" 2>&1
+            ncu --import "/tmp/ncu_$name.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_${name}_sass.csv.gz"
+        fi
+        echo "== $name"
+        grep -E "Duration|Registers Per|Achieved Occupancy|Pipe Tensor Cycles|Pipe Xu|Issue Slots Busy|Executed Instructions |Stall|Bank" "$OUT/ncu_$name.txt" | head -30
     done
 fi
 

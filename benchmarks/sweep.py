@@ -107,6 +107,8 @@ first_out = None
 for name, patched, config in cases:
     if name or source:
         module._CUDA_SOURCE, module._SOURCE_KEY = patched, f"{source_key}-{name}"
+        # a launch plan holds the kernels it loaded: the next variant must build its own
+        module._PLANS.clear()
     runs = []
     for c in copies:
         tensors, bound = module._bind([c[n] for n in kernel.input_names], {})

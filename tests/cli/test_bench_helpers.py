@@ -156,7 +156,7 @@ def test_the_cuda_column_alone_pairs_each_cuda_job_with_triton_on_its_shapes() -
 
 def test_time_rounds_interleaves_contenders_and_keeps_each_best() -> None:
     order: list[str] = []
-    times = {"attncc": iter([3.0, 2.0, 2.5]), "flex": iter([4.0, 5.0, 3.5])}
+    times = {"attncc": iter([1.0, 3.0, 2.0, 2.5]), "flex": iter([1.0, 4.0, 5.0, 3.5])}
 
     def timer(name: str) -> Callable[[], float]:
         def time_one() -> float:
@@ -172,9 +172,20 @@ def test_time_rounds_interleaves_contenders_and_keeps_each_best() -> None:
     best = time_rounds(
         {"attncc": timer("attncc"), "flex": timer("flex"), "cudnn": broken}, 3, "attncc"
     )
+    # the first round is untimed (its 1.0s are not anyone's best)
     assert best == {"attncc": 2.0, "flex": 3.5, "cudnn": None}
-    # in turn, round after round; a contender that failed is not timed again
-    assert order == ["attncc", "flex", "cudnn", "attncc", "flex", "attncc", "flex"]
+    # in turn, every other round reversed; a contender that failed is not timed again
+    assert order == [
+        "attncc",
+        "flex",
+        "cudnn",
+        "flex",
+        "attncc",
+        "attncc",
+        "flex",
+        "flex",
+        "attncc",
+    ]
     with pytest.raises(RuntimeError, match="no kernel"):
         time_rounds({"attncc": broken}, 2, required="attncc")
 
@@ -207,7 +218,7 @@ def test_bench_spec_rows_come_from_interleaved_rounds(monkeypatch: pytest.Monkey
         bench, "anchor_runners", lambda *a: {"sdpa-flash": None, "sdpa-cudnn": cudnn, "flex": flex}
     )
     order: list[str] = []
-    times = {"attncc": iter([2.0, 1.0]), "flex": iter([4.0, 2.5])}
+    times = {"attncc": iter([0.5, 2.0, 1.0]), "flex": iter([0.5, 4.0, 2.5])}
 
     def fake_median_ms(fns: list[Callable[[], Any]], graphed: bool) -> float:
         name = "flex" if fns[0] is flex else "attncc"
@@ -219,7 +230,8 @@ def test_bench_spec_rows_come_from_interleaved_rounds(monkeypatch: pytest.Monkey
     against = ["sdpa-flash", "sdpa-cudnn", "flex"]
     shape = Shape(1, 2, None, 32, 16)
     (row,) = bench.bench_spec(str(EXAMPLES / "fused.attn"), [shape], "bf16", against, rounds=2)
-    assert order == ["attncc", "flex", "attncc", "flex"]
+    # an untimed round first (its 0.5s count for no one), then every other round reversed
+    assert order == ["attncc", "flex", "flex", "attncc", "attncc", "flex"]
     flops = 4 * 1 * 2 * 32 * 32 * 16
     assert row.ms == 1.0 and row.tflops == pytest.approx(flops / 1e-3 / 1e12)
     assert row.anchors == {

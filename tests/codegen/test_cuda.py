@@ -51,6 +51,7 @@ THREE_GROUPS_64 = {
     "ATTNCC_PRODUCER_REGISTERS": 32,
     "ATTNCC_MMA_REGISTERS": 160,
     "ATTNCC_Q_BUFFERS": 2,
+    "ATTNCC_PINGPONG": 1,
 }
 # the variants the runtime picks (see templates/cuda/host.py.jinja), as ATTNCC_* macros
 VARIANTS: dict[str, dict[str, object]] = {
@@ -352,7 +353,7 @@ def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setattr(module, "_has_wgmma", lambda device: True)
     vec = (1, 1, 1)
     assert causal._wgmma_tiles(None, 128, 128, vec, None) == (2, 8, 128, 1)
-    assert causal._wgmma_tiles(None, 64, 64, vec, None) == (2, 12, 128, 0)
+    assert causal._wgmma_tiles(None, 64, 64, vec, None) == (2, 12, 128, 1)
     assert causal._wgmma_tiles(None, 64, 128, vec, None) == (2, 8, 128, 1)
     assert documents._wgmma_tiles(None, 64, 64, vec, None) == (2, 8, 128, 1)
     assert causal._wgmma_tiles({"wgmma": 2, "num_warps": 12}, 64, 64, vec, None) == (
