@@ -145,18 +145,18 @@ def current_context() -> int:
 _FUNCTIONS: dict[tuple[int, int], list[int]] = {}
 
 
-def function(kernel: Any, device_index: int, shared_bytes: int) -> int:
-    """The CUfunction of a cuda.core kernel (a CUkernel) in the current context, allowed
-    ``shared_bytes`` of dynamic shared memory (raised once, as nvrtc's opt-in for cuda.core's
-    launches: not on every launch)."""
-    key = (int(kernel.handle), device_index)
+def function(kernel: Kernel, device_index: int, shared_bytes: int) -> int:
+    """The CUfunction of ``kernel`` in the current context, allowed ``shared_bytes`` of
+    dynamic shared memory (raised once per size: not on every launch)."""
+    key = (kernel.handle, device_index)
     found = _FUNCTIONS.get(key)
     cuda = lib()
     if found is None:
         handle = ctypes.c_void_p()
-        code = cuda.cuKernelGetFunction(ctypes.byref(handle), ctypes.c_void_p(key[0]))
-        if code != 0:
-            raise RuntimeError(f"attncc: cuKernelGetFunction: {error_name(code)}")
+        _check(
+            cuda.cuKernelGetFunction(ctypes.byref(handle), ctypes.c_void_p(key[0])),
+            "cuKernelGetFunction",
+        )
         found = _FUNCTIONS[key] = [int(handle.value or 0), 0]
     if found[1] < shared_bytes:
         code = cuda.cuFuncSetAttribute(ctypes.c_void_p(found[0]), _MAX_DYNAMIC_SHARED, shared_bytes)
@@ -242,5 +242,4 @@ class Launch:
                 else:
                     _POINTER.pack_into(self._bytes, at, value)
             code = lib().cuLaunchKernel(*self._call)
-        if code != 0:
-            raise RuntimeError(f"attncc: cuLaunchKernel: {error_name(code)}")
+        _check(code, "cuLaunchKernel")

@@ -143,14 +143,18 @@ class FusedPlan:
         return out, lse
 
 
+def empty(out: torch.Tensor, lse: torch.Tensor) -> Result:
+    """The result of a call with no rows or no keys: a zero output and a -inf log-sum-exp."""
+    out.zero_()
+    lse.fill_(float("-inf"))
+    return out, lse
+
+
 class EmptyPlan:
-    """A call with no rows or no keys: a zero output and a -inf log-sum-exp."""
+    """A call with no rows or no keys (``empty``)."""
 
     def __init__(self, allocate: Callable[[], Result]) -> None:
         self.allocate = allocate
 
     def __call__(self, tensors: dict[str, Any]) -> Result:
-        out, lse = self.allocate()
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return out, lse
+        return empty(*self.allocate())

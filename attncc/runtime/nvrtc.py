@@ -113,9 +113,14 @@ def compile_cubin(source: str, defines: Sequence[tuple[str, Any]], target: str) 
     return bytes(code) if not isinstance(code, bytes) else code
 
 
+def _index(device: torch.device) -> int:
+    """``device``'s index (PyTorch's current device for a bare "cuda")."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _device(device: torch.device) -> int:
     """Make ``device``'s primary context (PyTorch's) current on this thread; its index."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     driver.make_current(index)
     return index
 
@@ -131,8 +136,7 @@ def kernels(
     """The kernels ``names`` of ``source`` compiled with ``defines`` for ``device``'s GPU
     (``arch_features`` "a": its architecture-specific features, as sm_90a's wgmma): from this
     process's table, else the disk cache, else NVRTC."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (key_of_source, defines, index, names, arch_features)
+    key = (key_of_source, defines, _index(device), names, arch_features)
     found = _KERNELS.get(key)
     if found is not None:
         return found
@@ -167,7 +171,7 @@ def launch(*args: Any, **kwargs: Any) -> None:
 
 
 def prepare(
-    kernel: Any,
+    kernel: driver.Kernel,
     grid: tuple[int, int, int],
     block: tuple[int, int, int],
     args: Sequence[Any],
