@@ -4,7 +4,7 @@ table entry as rendered and with each replacement, interleaved over rounds.
 
     python3 benchmarks/default_ab.py SPEC "B,H:KVH,S,D" NAME=(variant,warps,block_n,pingpong) ...
 
-NAME is a module attribute (e.g. _WGMMA_TILES_INDEXED); the module reads it on every call.
+NAME is a module attribute (e.g. _WGMMA_TILES_NARROW); the module reads it on every call.
 """
 
 from __future__ import annotations

@@ -117,17 +117,20 @@ class _Context:
         residual = [f"({cu.cuda_expr(m, env)})" for m in plan_.residual]
         return " && ".join(partial), (" && ".join(residual) or None)
 
-    def bounds_mask(self, env: cu.CudaEnv) -> str:
-        """The masks folded into the key interval, as the interval's per-row bounds (exact:
-        mask-analysis folds a mask only where a key is inside iff it holds): all a tile
-        needs whose tile-index bit says every residual mask holds on it whole."""
+    def row_interval(self, env: cu.CudaEnv) -> dict[str, str | None]:
+        """The masks folded into the key interval as one row's visible keys [lo, hi), both
+        clamped into [0, N] (exact: mask-analysis folds a mask only where a key is inside
+        iff it holds); lo is None without lower bounds. A partial tile then tests each
+        score's column against two per-row numbers, not each folded mask against its key
+        (a sliding window's three tests a score become two)."""
         plan_ = self.k.mask_plan
         assert plan_ is not None
-        key = self.key_var
-        tests = [f"{key} < key_size"]
-        tests += [f"{key} >= ({cu.cuda_expr(b.expr, env)})" for b in plan_.lower]
-        tests += [f"{key} < ({cu.cuda_expr(b.expr, env)})" for b in plan_.upper]
-        return " && ".join(tests)
+        lower = [f"(int)({cu.cuda_expr(b.expr, env)})" for b in plan_.lower]
+        upper = [f"(int)({cu.cuda_expr(b.expr, env)})" for b in plan_.upper]
+        return {
+            "lo": templating.nested("max", [*lower, "0"]) if lower else None,
+            "hi": templating.nested("max", [templating.nested("min", [*upper, "key_size"]), "0"]),
+        }
 
     # -------------------------------------------------------------- operands
 
@@ -251,12 +254,16 @@ class _Context:
             values["key_outside"] += f" || {key} < lo || {key} >= hi"
         values["tile_index"] = self.tile_index(self.env(False))
         values["hoisted"] = None
+        # partial tiles test the row's key interval alone where every mask folded into it
+        interval = self.row_interval(self.env(False))
+        values["partial_interval"] = None if k.mask_plan.residual else interval
         if values["tile_index"] is not None:
             # a tile takes the mask-free path only when its full bit says every separable
-            # mask holds (and no other residual mask exists): no mask is left to apply
+            # mask holds (and no other residual mask exists): no mask is left to apply; one
+            # whose full bit is set but which crosses the interval's bounds tests those alone
             values["mask_full"] = None
             values["hoisted"] = self.hoisted_sides(self.env(False))
-            values["mask_bounds"] = self.bounds_mask(self.env(False))
+            values["bounds_interval"] = interval
         return values
 
     def hoisted_sides(self, env: cu.CudaEnv) -> dict[str, Any]:

@@ -344,9 +344,9 @@ def test_wgmma_copies_take_config_and_fall_back_to_cp_async(
 
 def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sm_90a tiles the host picks: two MMA groups with ping-pong, three on 192-row tiles
-    for head dims up to 64 (their register budget holds only narrow outputs), two at every
-    head dim where a tile index is built; a config asking for three groups at head dim 128
-    is refused by name."""
+    for head dims up to 64 (their register budget holds only narrow outputs), with a tile
+    index too (each group reads its own tiles' bits); a config asking for three groups at
+    head dim 128 is refused by name."""
     causal = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
     documents = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
     for module in (causal, documents):
@@ -355,7 +355,8 @@ def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch)
     assert causal._wgmma_tiles(None, 128, 128, vec, None) == (2, 8, 128, 1)
     assert causal._wgmma_tiles(None, 64, 64, vec, None) == (2, 12, 128, 1)
     assert causal._wgmma_tiles(None, 64, 128, vec, None) == (2, 8, 128, 1)
-    assert documents._wgmma_tiles(None, 64, 64, vec, None) == (2, 8, 128, 1)
+    assert documents._wgmma_tiles(None, 64, 64, vec, None) == (2, 12, 128, 1)
+    assert documents._wgmma_tiles(None, 128, 128, vec, None) == (2, 8, 128, 1)
     assert causal._wgmma_tiles({"wgmma": 2, "num_warps": 12}, 64, 64, vec, None) == (
         2,
         12,
@@ -391,7 +392,7 @@ def test_fused_grid_is_persistent_for_variant_two_without_a_tile_index(
     documents = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
     sizes = {"B": 70000, "H": 1, "N": 64, "D": 64}
     with pytest.raises(ValueError, match="at most 65535 index programs"):
-        documents._tile_index_build(None, (), sizes, 1, 64, 64, None)
+        documents._tile_index_build(None, (), sizes, 1, 2, 64, 64, None)
 
 
 def test_the_calls_that_take_the_wgmma_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -577,10 +578,30 @@ def test_document_mask_partial_tiles_read_each_document_id_once() -> None:
         assert loop.count("rv0[mt][h] = row_side0(wr0 + mt * 16 + g + 8 * h);") == bodies[name]
         assert loop.count("const auto kv0 = ") == bodies[name]
         # a tile whose full bit says one document holds it whole, on the diagonal: the causal
-        # bound alone, no document id read
-        bounds_only = "if (!(i_n < key_size && i_n < ((i_m + 1)))) s2 = -ATTNCC_INF;"
-        assert loop.count(bounds_only) == bodies[name]
+        # bound alone (the row's last visible key, less the thread's first column), no
+        # document id read
+        row_bound = "const int rel_hi = max(min((int)((i_m + 1)), key_size), 0) - (n0 + t4 * 2);"
+        assert loop.count(row_bound) == bodies[name]
+        assert loop.count("if (!(j * 8 + e < rel_hi)) s2 = -ATTNCC_INF;") == bodies[name]
         assert loop.count("} else if (n0 < mid_lo || n0 >= mid_hi) {") == bodies[name]
+
+
+def test_partial_tiles_test_the_rows_key_interval() -> None:
+    """Where every mask folded into the key interval (a sliding window: two bounds), a
+    partial tile tests each score's column offset against the row's bounds less the
+    thread's first column, computed once a row; a mask left residual (m - n != 3) keeps the
+    masks as written, every one a score."""
+    source = build(EXAMPLES / "sliding_window.attn", target="cuda").source
+    lines = {line.strip() for line in source.splitlines()}
+    assert "const int rel_lo = max((int)(((i_m - p_window) + 1)), 0) - (n0 + t4 * 2);" in lines
+    assert "const int rel_hi = max(min((int)((i_m + 1)), key_size), 0) - (n0 + t4 * 2);" in lines
+    assert "if (!(j * 8 + e >= rel_lo && j * 8 + e < rel_hi)) s2 = -ATTNCC_INF;" in lines
+    text = (
+        (EXAMPLES / "causal.attn").read_text().replace("mask m >= n", "mask m >= n and m - n != 3")
+    )
+    residual = build(text, target="cuda").source
+    assert "rel_hi" not in residual
+    assert "if (!(i_n < key_size && ((((i_m >= i_n)) && (((i_m - i_n) != 3)))))) s2" in residual
 
 
 def test_special_float_literals() -> None:
