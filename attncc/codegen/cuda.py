@@ -142,9 +142,13 @@ class _Context:
         assert plan_ is not None
         lower = [f"(int)({cu.cuda_expr(b.expr, env)})" for b in plan_.lower]
         upper = [f"(int)({cu.cuda_expr(b.expr, env)})" for b in plan_.upper]
+        # the score's test: its column offset in the thread's fragment (j * 8 + e) against
+        # the row's bounds less the thread's first column (rel_lo, rel_hi: prefill_scores)
+        test = "j * 8 + e < rel_hi"
         return {
             "lo": templating.nested("max", [*lower, "0"]) if lower else None,
             "hi": templating.nested("max", [templating.nested("min", [*upper, "key_size"]), "0"]),
+            "test": f"j * 8 + e >= rel_lo && {test}" if lower else test,
         }
 
     # -------------------------------------------------------------- operands
