@@ -4,7 +4,9 @@ Run twice by gpu_suite.sh: first with empty caches (cold compile, Triton JIT inc
 then warm (a new process reusing the on-disk attncc and Triton caches).
 
     [TARGET=auto] python3 benchmarks/startup.py SPEC LABEL [profile]
-    (profile: cProfile of the timed part; TARGET: the target compiled for, triton unless set)
+    (profile: cProfile of the timed part; triton-imported: Triton imported before the clock
+    starts, as in a process that already used torch.compile; TARGET: the target compiled
+    for, triton unless set)
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ spec, label = sys.argv[1], sys.argv[2]
 q = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.bfloat16)
 kv = torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16)
 torch.cuda.synchronize()
+triton_import = ""
+if "triton-imported" in sys.argv[3:]:
+    before = time.perf_counter()
+    import triton  # noqa: F401
+
+    triton_import = f"(Triton imported first: {time.perf_counter() - before:.2f} s) "
 profile = None
 if "profile" in sys.argv[3:]:  # where a warm start's time goes: the top entries by cumtime
     import cProfile
@@ -45,7 +53,7 @@ if profile is not None:
     profile.disable()
     pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
 print(
-    f"{label} ({kernel.target}): import {imported - start:.2f} s, "
+    f"{label} ({kernel.target}): import {imported - start:.2f} s, {triton_import}"
     f"CUDA context {ready - imported:.2f} s, "
     f"attncc.compile {compiled - ready:.3f} s, "
     f"first call {done - compiled:.2f} s (autotuned {kernel.tuner.tuned} time(s)), "

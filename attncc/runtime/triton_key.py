@@ -15,25 +15,44 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.machinery
+import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 from attncc.cache import atomic_write, cache_dir, content_key
 
-# below the Triton package: what triton_key() reads (a superset: a file it does not read
-# only makes the memo recompute more often, never return a stale value)
-_HASHED = ("runtime/cache.py", "compiler", "backends", "language", "_C")
+# below the Triton package: what triton_key() reads. Like the pkgutil.walk_packages it calls,
+# only packages are entered and only module files counted: the ~200 headers and binaries
+# beside them cost a stat each on every warm start (0.09 s on a fresh machine) and Triton
+# never reads them. Still a superset (every module file, and all of _C): an extra file only
+# makes the memo recompute more often, never return a stale value.
+_HASHED_FILES = ("runtime/cache.py",)
+_HASHED_PACKAGES = ("compiler", "backends", "language")
+_HASHED_FOLDERS = ("_C",)
+_MODULE_SUFFIXES = tuple(importlib.machinery.all_suffixes())
+
+
+def _modules(folder: Path, top: bool) -> list[Path]:
+    """Module files below ``folder`` that walk_packages finds (it enters packages only)."""
+    entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    files = [Path(e.path) for e in entries if e.is_file() and e.name.endswith(_MODULE_SUFFIXES)]
+    if not top and not any(inspect.getmodulename(path.name) == "__init__" for path in files):
+        return []
+    for entry in entries:
+        if entry.is_dir() and entry.name != "__pycache__":
+            files += _modules(Path(entry.path), top=False)
+    return files
 
 
 def hashed_files(root: Path) -> list[Path]:
-    files = []
-    for name in _HASHED:
-        path = root / name
-        if path.is_file():
-            files.append(path)
-            continue
-        for folder, dirs, names in os.walk(path):
+    files = [root / name for name in _HASHED_FILES if (root / name).is_file()]
+    for name in _HASHED_PACKAGES:
+        if (root / name).is_dir():
+            files += _modules(root / name, top=True)
+    for name in _HASHED_FOLDERS:
+        for folder, dirs, names in os.walk(root / name):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             files += [Path(folder) / n for n in sorted(names)]
     return files

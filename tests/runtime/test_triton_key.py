@@ -4,6 +4,7 @@ function whenever a file it covers changes."""
 from __future__ import annotations
 
 import os
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +52,7 @@ def test_any_change_to_the_hashed_files_recomputes(tmp_path: Path, change: str) 
         (root / "_C" / "lib.so").write_text("a rebuilt library")
     elif change == "add":
         (root / "backends" / "nvidia").mkdir(parents=True)
-        (root / "backends" / "nvidia" / "driver.py").write_text("new")
+        (root / "backends" / "nvidia" / "__init__.py").write_text("")
     elif change == "remove":
         (root / "language" / "core.py").unlink()
     else:
@@ -66,6 +67,21 @@ def test_bytecode_files_do_not_invalidate(tmp_path: Path) -> None:
     triton_key.remembered(original, root, "3.6.0", memo_dir)()
     (root / "language" / "__pycache__" / "core.cpython-312.pyc").write_bytes(b"\0")
     assert triton_key.remembered(original, root, "3.6.0", memo_dir)() == "key-1"
+
+
+def test_files_triton_does_not_hash_do_not_invalidate(tmp_path: Path) -> None:
+    """Headers, binaries and folders that are not packages: walk_packages never reads them."""
+    root, memo_dir = fake_triton(tmp_path / "triton"), tmp_path / "memo"
+    (root / "backends" / "nvidia" / "include").mkdir(parents=True)
+    (root / "backends" / "nvidia" / "__init__.py").write_text("")
+    original = Counted()
+    triton_key.remembered(original, root, "3.6.0", memo_dir)()
+    (root / "backends" / "nvidia" / "include" / "cuda.h").write_text("a header")
+    (root / "backends" / "nvidia" / "include" / "tool.py").write_text("not in a package")
+    (root / "backends" / "nvidia" / "ptxas.bin").write_bytes(b"\0")
+    assert triton_key.remembered(original, root, "3.6.0", memo_dir)() == "key-1"
+    (root / "backends" / "nvidia" / "driver.py").write_text("a module of a package")
+    assert triton_key.remembered(original, root, "3.6.0", memo_dir)() == "key-2"
 
 
 def test_an_unwritable_cache_still_gives_the_right_key(tmp_path: Path) -> None:
@@ -99,11 +115,16 @@ def test_installed_memo_returns_tritons_own_key(tmp_path: Path) -> None:
 
 
 def test_the_memo_covers_every_file_triton_hashes() -> None:
+    """The files triton_key() reads, found the way it finds them (pkgutil.walk_packages)."""
     root = Path(triton_cache.__file__).resolve().parents[1]
     covered = {p.resolve() for p in triton_key.hashed_files(root)}
     assert Path(triton_cache.__file__).resolve() in covered
     libtriton = [p for p in (root / "_C").iterdir() if p.name.startswith("libtriton.")]
     assert libtriton and all(p.resolve() in covered for p in libtriton)
     for package in ("compiler", "backends", "language"):
-        sources = [p for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts]
-        assert sources and all(p.resolve() in covered for p in sources)
+        origins = []
+        for module in pkgutil.walk_packages([str(root / package)], prefix=f"triton.{package}."):
+            spec = module.module_finder.find_spec(module.name)  # type: ignore[call-arg]
+            assert spec is not None and spec.origin is not None
+            origins.append(Path(spec.origin))
+        assert origins and all(p.resolve() in covered for p in origins)
