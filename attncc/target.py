@@ -50,12 +50,12 @@ def decided_by_rule(target: str) -> bool:
 
 def auto_target(kernel: AttentionKernel) -> str:
     """``"cuda"`` when ``kernel`` (after every pass) is fused prefill, the current CUDA device
-    is sm_90 and cuda-python's ``cuda.core`` is installed; else ``"triton"``. Document masks (a
+    is sm_90 and cuda-python's bindings are installed; else ``"triton"``. Document masks (a
     tile index) included: the CUDA target runs them at 1.26-1.40x FlexAttention, Triton at
     1.08-1.11x (H100, docs/performance.md, session 12).
 
     The IR conditions go first: they cost nothing, and a decode kernel then never
-    initialises CUDA or looks for cuda.core just to be told "triton".
+    initialises CUDA or looks for cuda-python just to be told "triton".
     """
     # Decode (split_kv, or a fused kernel without a query axis) measured equal or slower on
     # the CUDA target; naive has no CUDA kernels at all.

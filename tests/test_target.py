@@ -1,5 +1,5 @@
 """``target="auto"`` without a GPU: the rule of ``attncc.target`` under a faked CUDA device
-(capability, availability, cuda.core), and what ``build`` / ``compile`` return with it.
+(capability, availability, cuda-python), and what ``build`` / ``compile`` return with it.
 
 The suite's conftest sets ATTNCC_TARGET=triton; every test here unsets it first.
 """
@@ -32,10 +32,10 @@ def no_target_override(monkeypatch: pytest.MonkeyPatch) -> None:
 def fake_device(
     monkeypatch: pytest.MonkeyPatch,
     capability: tuple[int, int] | None = (9, 0),
-    cuda_core: bool = True,
+    cuda_bindings: bool = True,
 ) -> None:
     """Make this process see a CUDA device of ``capability`` (None: no device), and
-    cuda.core importable or not."""
+    cuda-python's bindings importable or not."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: capability is not None)
 
     def device_capability(device: object = None) -> tuple[int, int]:
@@ -43,7 +43,7 @@ def fake_device(
         return capability
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", device_capability)
-    monkeypatch.setattr(nvrtc, "_find_core", lambda: cuda_core)
+    monkeypatch.setattr(nvrtc, "_find_bindings", lambda: cuda_bindings)
 
 
 @cache
@@ -52,7 +52,7 @@ def optimised(name: str, schedule: Schedule | None = None) -> ir.AttentionKernel
 
 
 @pytest.mark.parametrize("name", FUSED_PREFILL)
-def test_fused_prefill_on_sm90_with_cuda_core_is_cuda(
+def test_fused_prefill_on_sm90_with_cuda_python_is_cuda(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_device(monkeypatch, (9, 0))
@@ -68,8 +68,8 @@ def test_other_gpus_are_triton(
     assert auto_target(optimised("causal")) == "triton"
 
 
-def test_without_cuda_core_is_triton(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_device(monkeypatch, (9, 0), cuda_core=False)
+def test_without_cuda_python_is_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_device(monkeypatch, (9, 0), cuda_bindings=False)
     assert auto_target(optimised("causal")) == "triton"
 
 
@@ -107,14 +107,14 @@ def test_a_tile_index_is_cuda_on_hopper(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_the_ir_decides_before_the_device_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decode kernels never initialise CUDA or import cuda.core to be told "triton"."""
+    """Decode kernels never initialise CUDA or look for cuda-python to be told "triton"."""
 
     def untouchable(*args: object) -> object:
         raise AssertionError("the rule asked the device")
 
     monkeypatch.setattr(torch.cuda, "is_available", untouchable)
     monkeypatch.setattr(torch.cuda, "get_device_capability", untouchable)
-    monkeypatch.setattr(nvrtc, "_find_core", untouchable)
+    monkeypatch.setattr(nvrtc, "_find_bindings", untouchable)
     for name in ("decode", "naive"):
         assert auto_target(optimised(name)) == "triton"
 

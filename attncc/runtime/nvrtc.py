@@ -1,12 +1,15 @@
-"""Compile CUDA sources with NVRTC (through ``cuda.core``), cache the cubins on disk, launch
-kernels on PyTorch's current stream (through the driver API: attncc.runtime.driver).
+"""Compile CUDA sources with NVRTC (through cuda-python's ``cuda.bindings.nvrtc``), cache the
+cubins on disk, launch kernels on PyTorch's current stream (through the driver API:
+attncc.runtime.driver).
 
-``cuda.core`` is imported only to compile (NVRTC), so machines without cuda-python (CPU-only
-CI) still import attncc and render CUDA sources, and a warm start (every cubin cached) never
-imports it: cubins load and kernels launch through the driver API. A cubin is keyed by the
-source, the ATTNCC_* macros selecting the variant, the GPU architecture and the attncc
-version; it is written atomically under ``<cache>/cubin`` and loaded from there by later
-processes.
+The bindings are imported only to compile, so machines without cuda-python (CPU-only CI)
+still import attncc and render CUDA sources, and a warm start (every cubin cached) never
+imports them: cubins load and kernels launch through the driver API. The NVRTC module alone,
+not ``cuda.core``: importing cuda.core loads every binding (driver, runtime, NVRTC, ...),
+0.33-0.45 s of a cold compile's first call on an H100 machine (docs/performance.md, session
+17). A cubin is keyed by the source, the ATTNCC_* macros selecting the variant, the GPU
+architecture and the attncc version; it is written atomically under ``<cache>/cubin`` and
+loaded from there by later processes.
 """
 
 from __future__ import annotations
@@ -31,34 +34,30 @@ _KERNELS: dict[_KernelKey, tuple[driver.Kernel, ...]] = {}
 
 
 class CudaUnavailable(RuntimeError):
-    """cuda-python (cuda.core) is missing: the CUDA target cannot compile its kernels."""
+    """cuda-python (cuda.bindings) is missing: the CUDA target cannot compile its kernels."""
 
 
-def _core() -> Any:
+def _nvrtc() -> Any:
     try:
-        import cuda.core as core
-    except ImportError:
-        try:
-            import cuda.core.experimental as core
-        except ImportError as err:
-            raise CudaUnavailable(
-                "target 'cuda' needs cuda-python's cuda.core (pip install cuda-python); "
-                "use target='triton' otherwise"
-            ) from err
-    return core
+        from cuda.bindings import nvrtc
+    except ImportError as err:
+        raise CudaUnavailable(
+            "target 'cuda' needs cuda-python's NVRTC bindings (pip install cuda-python); "
+            "use target='triton' otherwise"
+        ) from err
+    return nvrtc
 
 
 def available() -> bool:
-    """Whether cuda.core is installed, for ``target="auto"`` to ask before choosing the CUDA
-    target: found, not imported. Only NVRTC compiles need it (kernels load and launch
-    through the driver, attncc.runtime.driver), and its import took ~0.12 s of a warm
-    start's 0.24 (H100, session 13)."""
-    return _find_core()
+    """Whether cuda-python's bindings are installed, for ``target="auto"`` to ask before
+    choosing the CUDA target: found, not imported (only NVRTC compiles need them; kernels
+    load and launch through the driver, attncc.runtime.driver)."""
+    return _find_bindings()
 
 
-def _find_core() -> bool:
+def _find_bindings() -> bool:
     try:
-        return importlib.util.find_spec("cuda.core") is not None
+        return importlib.util.find_spec("cuda.bindings") is not None
     except (ImportError, ValueError):  # no `cuda` package at all, or a broken one
         return False
 
@@ -98,19 +97,40 @@ def cubin_path(source_key: str, defines: Sequence[tuple[str, Any]], target: str)
 
 def compile_cubin(source: str, defines: Sequence[tuple[str, Any]], target: str) -> bytes:
     """NVRTC: the source with ``#define`` lines for ``defines`` in front, to a cubin."""
-    core = _core()
+    nvrtc = _nvrtc()
     text = "".join(f"#define {k} {v}\n" for k, v in defines) + source
-    options = core.ProgramOptions(std="c++17", arch=target)
-    program = core.Program(text, "c++", options)
+    options = [b"--std=c++17", f"--gpu-architecture={target}".encode()]
+    err, program = nvrtc.nvrtcCreateProgram(text.encode(), b"attncc.cu", 0, [], [])
+    _check_nvrtc(nvrtc, err, "nvrtcCreateProgram", None, target)
     try:
-        obj = program.compile("cubin")
-    except Exception as err:
-        raise RuntimeError(
-            f"attncc: NVRTC failed to compile a generated CUDA kernel ({target}); "
-            f"this is an attncc bug, please report it with the spec.\n{err}"
-        ) from err
-    code = obj.code
-    return bytes(code) if not isinstance(code, bytes) else code
+        (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        _check_nvrtc(nvrtc, err, "nvrtcCompileProgram", program, target)
+        err, size = nvrtc.nvrtcGetCUBINSize(program)
+        _check_nvrtc(nvrtc, err, "nvrtcGetCUBINSize", program, target)
+        # a new buffer the bindings write into: bytes(n), never b" " * n, which for n == 1
+        # returns the shared constant b" " itself
+        cubin = bytes(size)
+        (err,) = nvrtc.nvrtcGetCUBIN(program, cubin)
+        _check_nvrtc(nvrtc, err, "nvrtcGetCUBIN", program, target)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    return cubin
+
+
+def _check_nvrtc(nvrtc: Any, err: Any, call: str, program: Any, target: str) -> None:
+    if err == nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return
+    log = ""
+    if program is not None:
+        _, size = nvrtc.nvrtcGetProgramLogSize(program)
+        text = bytes(size)
+        nvrtc.nvrtcGetProgramLog(program, text)
+        log = text.rstrip(b"\0").decode(errors="replace")
+    raise RuntimeError(
+        f"attncc: NVRTC failed to compile a generated CUDA kernel ({target}): {call}: "
+        f"{err.name if hasattr(err, 'name') else err}; this is an attncc bug, please report "
+        f"it with the spec.\n{log}"
+    )
 
 
 def _index(device: torch.device) -> int:

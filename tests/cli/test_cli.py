@@ -88,13 +88,13 @@ def test_demo_runs_every_step(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def fake_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An sm_90 GPU with cuda.core, as far as ``target="auto"`` can tell; no override."""
+    """An sm_90 GPU with cuda-python, as far as ``target="auto"`` can tell; no override."""
     from attncc.runtime import nvrtc
 
     monkeypatch.delenv("ATTNCC_TARGET", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(nvrtc, "_find_core", lambda: True)
+    monkeypatch.setattr(nvrtc, "_find_bindings", lambda: True)
 
 
 def test_target_defaults_to_auto_on_every_command() -> None:
