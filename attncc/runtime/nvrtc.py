@@ -128,7 +128,7 @@ def _check_nvrtc(nvrtc: Any, err: Any, call: str, program: Any, target: str) -> 
         log = text.rstrip(b"\0").decode(errors="replace")
     raise RuntimeError(
         f"attncc: NVRTC failed to compile a generated CUDA kernel ({target}): {call}: "
-        f"{err.name if hasattr(err, 'name') else err}; this is an attncc bug, please report "
+        f"{getattr(err, 'name', err)}; this is an attncc bug, please report "
         f"it with the spec.\n{log}"
     )
 
