@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from attncc import __version__
 from attncc.codegen import exprs as cx
 from attncc.ir import nodes as ir
 from attncc.ir.printer import expr_str
 from attncc.ir.verify import indices_of, subexprs
+from attncc.version import __version__
 
 
 def subscript_checks(k: ir.AttentionKernel) -> list[dict[str, Any]]:

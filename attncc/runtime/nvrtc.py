@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from attncc import __version__
 from attncc.cache import atomic_write_bytes, cache_dir, content_key
 from attncc.runtime import driver
+from attncc.version import __version__
 
 _LOCK = threading.Lock()
 # (source key, defines, device index, kernel names, arch features) -> kernels
