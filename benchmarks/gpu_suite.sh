@@ -1,20 +1,12 @@
 #!/usr/bin/env bash
 # Everything attncc does on a GPU, in one device call: GPU tests, `attncc check` of every
-# example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, compile times.
-# Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+# example, the benchmark matrix against SDPA (FA2, cuDNN) and FlexAttention, start-up times.
+# Files go under $OUT (the device tool brings them back), named by what they measure and the
+# GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
+# is described in benchmarks/README.md.
 #
 #   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [auto] [startup] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times]
-#   (default: tests check bench startup; `bench` is issue 4's whole matrix, resumable across
-#   calls; `quick` one shape a variant; `auto` the default target on the variants at 2k-16k;
-#   `decode` the split-KV specs only: their GPU tests, checks and benchmarks; `sweep` every
-#   launch configuration of a few shapes; `cuda` the CUDA target alone, check of every
-#   example + prefill/decode bench, a few minutes;
-#   `cudacol` the matrix's CUDA column and Triton on the same shapes;
-#   `profile` Nsight Compute of PROFILE_CASES (default: the causal prefill of both targets
-#   and of FlexAttention; PROFILE_SASS=1: stalls per SASS instruction too);
-#   `ab` default_ab.py of AB_CASES with AB_REPLACE (the CUDA target's defaults A/B);
-#   `times` kernel_times.py of TIMES_CASES (each kernel's time a call);
-#   BENCH_TARGET=cuda: `quick` and `decode` bench the CUDA target)
+#   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attncc_gpu_out}
@@ -31,6 +23,9 @@ steps=${*:-tests check bench startup}
 has() { [[ " $steps " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+# the GPU's short name in file names: results of two GPUs are never mixed in one table
+gpu=$(head -1 "$OUT/device.txt" | grep -oiE 'h100|h200|a100|b200|l40s?' | head -1 | tr '[:upper:]' '[:lower:]')
+gpu=${gpu:-gpu}
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 
 
@@ -39,28 +34,28 @@ if has startup; then
     # warm: a new process reusing both caches, which must not tune again.
     # With Python's bytecode cache on, as on a normal install: the GPU machine sets
     # PYTHONDONTWRITEBYTECODE, and every process then recompiled the modules Triton and
-    # torch import lazily from source (0.15-0.2 s of a warm start, session 6)
+    # torch import lazily from source (0.15-0.2 s of a warm start on an H200)
     unset PYTHONDONTWRITEBYTECODE
     export PYTHONPYCACHEPREFIX=/tmp/startup_pycache
     export ATTNCC_CACHE_DIR=/tmp/startup_cache/attncc TRITON_CACHE_DIR=/tmp/startup_cache/triton
     rm -rf /tmp/startup_cache
-    ATTNCC_AUTOTUNE=0 python3 benchmarks/startup.py examples/gqa_causal.attn cold-no-autotune | tee -a "$OUT/startup.log"
+    ATTNCC_AUTOTUNE=0 python3 benchmarks/startup.py examples/gqa_causal.attn cold-no-autotune | tee -a "$OUT/startup_$gpu.txt"
     rm -rf /tmp/startup_cache
-    python3 benchmarks/startup.py examples/gqa_causal.attn cold-autotune | tee -a "$OUT/startup.log"
+    python3 benchmarks/startup.py examples/gqa_causal.attn cold-autotune | tee -a "$OUT/startup_$gpu.txt"
     # warm twice: the spread between two processes on the same caches
     for _ in 1 2; do
-        python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup.log"
+        python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup_$gpu.txt"
     done
     # Triton's own import apart: timed before the clock starts, as where torch.compile ran
-    python3 benchmarks/startup.py examples/gqa_causal.attn warm-triton-imported triton-imported | tee -a "$OUT/startup.log"
+    python3 benchmarks/startup.py examples/gqa_causal.attn warm-triton-imported triton-imported | tee -a "$OUT/startup_$gpu.txt"
     # the default target (auto: CUDA on an H100/H200), its caches apart
     export ATTNCC_CACHE_DIR=/tmp/startup_cache/auto
-    TARGET=auto python3 benchmarks/startup.py examples/gqa_causal.attn cold | tee -a "$OUT/startup.log"
-    TARGET=auto python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup.log"
-    TARGET=auto python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup.log"
+    TARGET=auto python3 benchmarks/startup.py examples/gqa_causal.attn cold | tee -a "$OUT/startup_$gpu.txt"
+    TARGET=auto python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup_$gpu.txt"
+    TARGET=auto python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup_$gpu.txt"
 fi
 
-BENCH_JSON="$OUT/bench.jsonl"
+BENCH_JSON="$OUT/bench_$gpu.jsonl"
 bench() {  # bench SPEC SHAPES DTYPE: rows go to $BENCH_JSON; shapes already there are skipped
     python3 -m attncc bench "$1" --shapes "$2" --dtype "$3" --target "${BENCH_TARGET:-triton}" \
         --json "$BENCH_JSON" --resume 2>&1 \
@@ -86,14 +81,15 @@ if has auto; then
 fi
 
 if has ab; then
-    # default_ab.py (the CUDA target's defaults against replacements, interleaved, through the
-    # call path) on each "SPEC SHAPE" of AB_CASES (;-separated), replacements in AB_REPLACE
+    # ab.py (text variants of the generated module against it, interleaved) on each
+    # "SPEC SHAPE" of AB_CASES (;-separated), the variants in the JSON file AB_VARIANTS,
+    # for AB_TARGET (cuda unless set)
     IFS=';' read -ra ab_cases <<< "${AB_CASES:?AB_CASES: \"causal 8,16,2048,128;...\"}"
     for ab_case in "${ab_cases[@]}"; do
         read -r ab_spec ab_shape <<< "$ab_case"
-        # shellcheck disable=SC2086  # one argument per replacement
-        timeout 240 python3 benchmarks/default_ab.py "examples/$ab_spec.attn" "$ab_shape" ${AB_REPLACE:-} 2>&1 \
-            | grep -vE "Warning|warn" | tee -a "$OUT/ab.log"
+        timeout 240 python3 benchmarks/ab.py "examples/$ab_spec.attn" "$ab_shape" \
+            "${AB_VARIANTS:?AB_VARIANTS: a JSON file of variants}" --target "${AB_TARGET:-cuda}" 2>&1 \
+            | grep -vE "Warning|warn" | tee -a "$OUT/ab_$gpu.txt"
     done
 fi
 
@@ -105,7 +101,7 @@ if has times; then
         read -ra times_args <<< "$times_case"
         times_args[0]="examples/${times_args[0]}.attn"
         timeout 180 python3 benchmarks/kernel_times.py "${times_args[@]}" 2>&1 \
-            | grep -vE "Warning|warn" | tee -a "$OUT/times.log"
+            | grep -vE "Warning|warn" | tee -a "$OUT/kernel_times_$gpu.txt"
     done
 fi
 
@@ -120,27 +116,28 @@ if has decode; then
 fi
 
 if has bench; then
-    # Issue 4's whole matrix: 7 variants x 1k..16k (16k tokens a batch) x D 64/128 (+96, 256 at
+    # The whole matrix: 7 variants x 1k..16k (16k tokens a batch) x D 64/128 (+96, 256 at
     # 4k) x bf16/fp16, and decode. benchmarks/matrix.py compiles in parallel first, then times
-    # on every visible GPU. Resumable: rows already in the file are skipped, so repeated calls
-    # finish it when the file comes back between them (copy $OUT/matrix.jsonl to
-    # benchmarks/results/matrix.jsonl before the next call). MATRIX_TARGET=auto: the default
-    # target's matrix, in benchmarks/results/matrix_auto.jsonl ($OUT/matrix_auto.jsonl).
-    target=${MATRIX_TARGET:-triton}
-    table=matrix$([ "$target" = triton ] || echo "_$target")
-    python3 benchmarks/matrix.py --json "benchmarks/results/$table.jsonl" --budget "${BUDGET_S:-540}" \
-        --target "$target" --log "$OUT/matrix.log" | tee -a "$OUT/bench.log"
-    cp "benchmarks/results/$table.jsonl" "$OUT/$table.jsonl"
-    python3 benchmarks/matrix_table.py "benchmarks/results/$table.jsonl" | tee "$OUT/$table.md"
+    # on every visible GPU. MATRIX_TARGET: auto (the default target, the tables of
+    # docs/performance.md) or triton. Resumable: RESUME=FILE starts from the rows of an
+    # earlier call's file (carried back into the tree), and only the missing ones run.
+    target=${MATRIX_TARGET:-auto}
+    table=matrix$([ "$target" = auto ] || echo "_$target")_$gpu
+    [ -n "${RESUME:-}" ] && cp "$RESUME" "$OUT/$table.jsonl"
+    python3 benchmarks/matrix.py --json "$OUT/$table.jsonl" --budget "${BUDGET_S:-540}" \
+        --target "$target" --log "$OUT/${table}_log.txt" | tee -a "$OUT/bench.log"
+    python3 benchmarks/matrix_table.py "$OUT/$table.jsonl" | tee "$OUT/$table.md"
+    python3 benchmarks/plot.py "$OUT/$table.jsonl" --out "$OUT"
 fi
 
 if has cudacol; then
-    # the CUDA column of the matrix alone, beside the Triton target on the same shapes
-    # (resumable like `bench`: copy the file back to benchmarks/results/ between calls)
-    python3 benchmarks/matrix.py --column cuda --json benchmarks/results/cuda_column.jsonl \
-        --budget "${BUDGET_S:-300}" --log "$OUT/cuda_column.log" | tee -a "$OUT/bench.log"
-    cp benchmarks/results/cuda_column.jsonl "$OUT/cuda_column.jsonl"
-    python3 benchmarks/matrix_table.py benchmarks/results/cuda_column.jsonl | tee "$OUT/cuda_column.md"
+    # the CUDA target's column of the Triton matrix, beside the Triton target on the same
+    # shapes (resumable like `bench`, with RESUME=FILE)
+    table=cuda_column_$gpu
+    [ -n "${RESUME:-}" ] && cp "$RESUME" "$OUT/$table.jsonl"
+    python3 benchmarks/matrix.py --column cuda --json "$OUT/$table.jsonl" \
+        --budget "${BUDGET_S:-300}" --log "$OUT/${table}_log.txt" | tee -a "$OUT/bench.log"
+    python3 benchmarks/matrix_table.py "$OUT/$table.jsonl" | tee "$OUT/$table.md"
 fi
 
 if has sweep; then
@@ -148,7 +145,7 @@ if has sweep; then
     for args in "causal 4,16,4096,128" "fused 4,16,4096,128" "decode 1,32:8,8192,128" \
                 "decode 8,32:8,8192,128" "paged_decode 8,32:8,32768,128"; do
         set -- $args
-        python3 benchmarks/sweep.py "examples/$1.attn" "$2" 2>&1 | grep -v Warning | tee -a "$OUT/sweep.log"
+        python3 benchmarks/sweep.py "examples/$1.attn" "$2" 2>&1 | grep -v Warning | tee -a "$OUT/sweep_$gpu.txt"
     done
 fi
 
@@ -170,13 +167,13 @@ if has profile; then
             --section MemoryWorkloadAnalysis_Tables --section Occupancy --section LaunchStats \
             --section InstructionStats --section SchedulerStats "${extra[@]}" --print-details all \
             python3 benchmarks/profile_call.py "examples/$p_spec.attn" "$p_shape" "$p_target" \
-            > "$OUT/ncu_$name.txt" 2>&1
+            > "$OUT/ncu_${name}_$gpu.txt" 2>&1
         if [ -n "${PROFILE_SASS:-}" ]; then
-            ncu --import "/tmp/ncu_$name.ncu-rep" --print-details all > "$OUT/ncu_$name.txt" 2>&1
+            ncu --import "/tmp/ncu_$name.ncu-rep" --print-details all > "$OUT/ncu_${name}_$gpu.txt" 2>&1
             ncu --import "/tmp/ncu_$name.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_${name}_sass.csv.gz"
         fi
         echo "== $name"
-        grep -E "Duration|Registers Per|Achieved Occupancy|Pipe Tensor Cycles|Pipe Xu|Issue Slots Busy|Executed Instructions |Stall|Bank" "$OUT/ncu_$name.txt" | head -30
+        grep -E "Duration|Registers Per|Achieved Occupancy|Pipe Tensor Cycles|Pipe Xu|Issue Slots Busy|Executed Instructions |Stall|Bank" "$OUT/ncu_${name}_$gpu.txt" | head -30
     done
 fi
 

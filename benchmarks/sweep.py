@@ -2,7 +2,6 @@
 from, and whether the candidate list or the defaults should change.
 
     python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16] [cuda] [quick] [wgmma2]
-        [variants=FILE [default]]
 
 (`cuda`: the CUDA target; `quick`: Triton prefill sweeps only the four tiles that have won
 before; `wgmma2`: the CUDA target's sm_90a configurations only, and one mma.sync tile.)
@@ -10,12 +9,9 @@ before; `wgmma2`: the CUDA target's sm_90a configurations only, and one mma.sync
 Decode-sized calls (<= 16 queries) sweep tile x `waves` (split count) and are timed as
 CUDA-graph replays over rotating input copies (cold L2), as `attncc bench` times them;
 prefill calls sweep tiles, with and without TMA descriptors, with `do_bench`. The CUDA
-target sweeps its fused kernel's tiles (BLOCK_M: 16 or 32 rows a warp) only, or, with
-`variants=FILE` (JSON: {"name": [[old, new], ...]}), source variants of the rendered CUDA
-(text replacements, each compiled under its own cache key) on two tiles, 128x64 with 4
-warps and 256x64 with 8 (the host's choices before and since session 4), with `wgmma2` on
-the sm_90a default tile, with `default` on the host's default configuration for the shape:
-an A/B of a kernel change in one device call, without a release of the template.
+target sweeps its fused kernel's tiles (BLOCK_M: 16 or 32 rows a warp) and its sm_90a
+configurations. Every configuration's output must match the first's. A/B of source changes:
+benchmarks/ab.py.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ import sys
 import torch
 
 import attncc
-from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for, source_variant
+from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for
 from attncc.runtime.timing import cold_copies, median_ms
 
 spec, shape_text = sys.argv[1], sys.argv[2]
@@ -81,34 +77,9 @@ else:
         for (m, n, w, s), tma in itertools.product(tiles, (True, False))
     ]
 
-variants = {"": []}
-for arg in sys.argv[4:]:
-    if arg.startswith("variants="):
-        import json
-
-        with open(arg.split("=", 1)[1]) as f:
-            variants.update(json.load(f))
-        if "default" in sys.argv[4:]:  # the host's default configuration for the shape only
-            configs = [None]
-        elif "wgmma2" in sys.argv[4:]:  # the sm_90a default tile, ping-pong and TMA, 2-3 stages
-            configs = [c for c in configs if c.get("tma") and c["pingpong"] and c["BLOCK_N"] == 128]
-        else:
-            configs = configs[:1] + [
-                c for c in configs if c.get("BLOCK_M") == 256 and c["BLOCK_N"] == 64
-            ]
-source, source_key = getattr(module, "_CUDA_SOURCE", ""), getattr(module, "_SOURCE_KEY", "")
-cases = []
-for name, replacements in variants.items():
-    patched = source_variant(source, name, replacements)
-    cases += [(name, patched, config) for config in configs]
-
 results = []
 first_out = None
-for name, patched, config in cases:
-    if name or source:
-        module._CUDA_SOURCE, module._SOURCE_KEY = patched, f"{source_key}-{name}"
-        # a launch plan holds the kernels it loaded: the next variant must build its own
-        module._PLANS.clear()
+for config in configs:
     runs = []
     for c in copies:
         tensors, bound = module._bind([c[n] for n in kernel.input_names], {})
@@ -119,15 +90,15 @@ for name, patched, config in cases:
         torch.cuda.synchronize()
         ms = median_ms(runs, graphed)
     except Exception as err:  # shared memory or register limits: report and go on
-        print(f"{name} {config}: {type(err).__name__}: {str(err)[:120]}")
+        print(f"{config}: {type(err).__name__}: {str(err)[:120]}")
         continue
     # every configuration must give the first one's output (a fast wrong one is no candidate)
     first_out = out if first_out is None else first_out
     diff = (out - first_out).abs().max().item()
     if not diff <= 2e-2:
-        print(f"{name} {config}: MISMATCH, max |out - first config's out| = {diff:.3g}")
+        print(f"{config}: MISMATCH, max |out - first config's out| = {diff:.3g}")
         continue
-    results.append((ms, {"variant": name, **(config or {})} if name else config))
+    results.append((ms, config))
 
 results.sort(key=lambda r: r[0])
 print(f"{kernel.name} {shape_text} {dtype} on {torch.cuda.get_device_name()}")

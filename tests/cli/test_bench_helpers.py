@@ -297,3 +297,71 @@ def test_matrix_table_puts_cuda_rows_beside_triton_or_on_their_own(
         ["document_mask", "165", "-", "1.65", "0.82", "1.10", "-", "-", "-"],
     ]
     assert [row[1] for row in rows] == [f"B=1 H=16 S={s} D=128" for s in (2048, 4096, 4096)]
+
+
+def _script(name: str) -> Any:
+    path = EXAMPLES.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_script", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plot_ratios_group_rows_into_tables_per_anchor_and_variant() -> None:
+    """plot.py's data: attncc's throughput over each anchor's, a prefill table per (dtype, head
+    dim) over the length, a decode table over (batch, cache length); anchors that did not run
+    a shape and head dims measured at one length only are left out."""
+    plot = _script("plot")
+
+    def row(spec: str, shape: str, tflops: float, **anchors: float | None) -> dict[str, Any]:
+        return {"spec": spec, "shape": shape, "dtype": "bf16", "tflops": tflops, "anchors": anchors}
+
+    rows = [
+        row("causal [cuda]", "B=4 H=16 S=4096 D=128", 500.0, flex=400.0, sdpa_cudnn=None),
+        row("causal [cuda]", "B=8 H=16 S=2048 D=128", 450.0, flex=300.0),
+        row("fused [cuda]", "B=8 H=16 S=2048 D=128", 480.0, flex=320.0),
+        row("fused", "B=4 H=16 S=4096 D=256", 300.0, flex=200.0),  # one length: no line
+        row("decode", "B=8 H=32:8 S=32768 D=128", 2.9, copy=3.0),
+        row("decode", "B=1 H=32:8 S=8192 D=128", 1.7, copy=2.5),
+    ]
+    tables = plot.ratios(rows)
+    assert list(tables) == [("decode", "bf16", 0), ("prefill", "bf16", 128)]
+    prefill = tables[("prefill", "bf16", 128)]
+    assert list(prefill) == ["flex"]
+    assert prefill["flex"]["causal"] == [(2048, "2k", 1.5), (4096, "4k", 1.25)]
+    assert prefill["flex"]["fused"] == [(2048, "2k", 1.5)]
+    decode = tables[("decode", "bf16", 0)]["copy"]["decode"]
+    assert [(label, round(ratio, 3)) for _, label, ratio in decode] == [
+        ("B=1 8k", 0.68),
+        ("B=8 32k", 0.967),
+    ]
+    assert plot.file_name("matrix_h100", ("prefill", "bf16", 128)) == (
+        "matrix_h100_prefill_bf16_d128.png"
+    )
+    assert plot.file_name("matrix_h100", ("decode", "bf16", 0)) == "matrix_h100_decode_bf16.png"
+
+
+def test_ab_variants_apply_to_the_host_module_else_the_kernel_source(tmp_path: Path) -> None:
+    """ab.py: a replacement whose text is in the host module changes the host (its tables);
+    otherwise it must be in the kernel source; text in neither is an error naming the
+    variant, not a variant that silently equals the baseline."""
+    ab = _script("ab")
+    host = "_WGMMA_PERSISTENT = 1\n_CUDA_SOURCE = '...'\n"
+    kernel = "for (int j = 0; j < BN; ++j) {\n    s = fmaxf(s, x);\n}\n"
+    new_host, new_kernel = ab.split_replacements(
+        host,
+        kernel,
+        "static",
+        [["_WGMMA_PERSISTENT = 1", "_WGMMA_PERSISTENT = 0"], ["s = fmaxf(s, x);", "s = x;"]],
+    )
+    assert new_host == "_WGMMA_PERSISTENT = 0\n_CUDA_SOURCE = '...'\n"
+    assert new_kernel == kernel.replace("s = fmaxf(s, x);", "s = x;")
+    with pytest.raises(SystemExit, match="variant typo: 'absent text' is not in the generated"):
+        ab.split_replacements(host, kernel, "typo", [["absent text", "x"]])
+    path = tmp_path / "variants.json"
+    path.write_text(json.dumps({"control": [], "static": [["a", "b"]]}))
+    assert ab.load_variants(str(path)) == {"unchanged": [], "control": [], "static": [["a", "b"]]}
+    path.write_text(json.dumps({"bad": [["only old"]]}))
+    with pytest.raises(SystemExit, match="variant 'bad' is not a list of"):
+        ab.load_variants(str(path))

@@ -1,0 +1,137 @@
+"""A/B of text variants of a spec's generated module on one shape (GPU): what a kernel or
+default change would buy, measured in one device call before the template changes.
+
+    python3 benchmarks/ab.py SPEC "B,H:KVH,S,D" VARIANTS.json [--target triton|cuda]
+        [--dtype bf16|fp16] [--rounds 3] [--config JSON]
+
+VARIANTS.json maps a variant's name to its text replacements, ``{"name": [[old, new], ...]}``;
+``"name": []`` is an identical copy (a control: how far two timings of one kernel differ).
+Each ``old`` must occur in the generated source (an A/B whose variant silently equals the
+baseline is worse than an error). For the CUDA target a replacement applies to the host
+module (its tables: ``"_WGMMA_PERSISTENT = 1"`` -> ``"_WGMMA_PERSISTENT = 0"``) where the text
+is there, else to the CUDA C++ it compiles (each variant compiles under its own cache key).
+
+Every variant runs the launch configuration the host picks for the shape (``--config``: this
+one instead, e.g. ``'{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}'``), and
+its output must match the unchanged module's. The timing is `attncc bench`'s: L2 cleared
+before each call (decode-sized calls: CUDA-graph replays over rotating input copies), an
+untimed round, then ``--rounds`` rounds in alternating order, each variant keeping its best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attncc.bench import source_variant
+
+Variants = dict[str, list[list[str]]]
+
+
+def load_variants(path: str) -> Variants:
+    """The variants file, with the unchanged module first; a malformed entry is one clear error."""
+    with open(path) as f:
+        loaded = json.load(f)
+    if not isinstance(loaded, dict):
+        raise SystemExit(f"{path}: expected {{name: [[old, new], ...]}}")
+    for name, replacements in loaded.items():
+        if not isinstance(replacements, list) or not all(
+            isinstance(r, list) and len(r) == 2 and all(isinstance(t, str) for t in r)
+            for r in replacements
+        ):
+            raise SystemExit(f"{path}: variant {name!r} is not a list of [old, new] strings")
+    return {"unchanged": [], **loaded}
+
+
+def split_replacements(
+    host: str, kernel_source: str, name: str, replacements: list[list[str]]
+) -> tuple[str, str]:
+    """(host module, kernel source) with ``replacements`` applied: each to the host module
+    where its text is there, else to the kernel source (the CUDA C++ the host compiles)."""
+    for old, new in replacements:
+        if old in host:
+            host = host.replace(old, new)
+        else:
+            kernel_source = source_variant(kernel_source, name, [[old, new]])
+    return host, kernel_source
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("spec")
+    parser.add_argument("shape", help='"B,H:KVH,S,D"')
+    parser.add_argument("variants", help="JSON: {name: [[old, new], ...]}")
+    parser.add_argument("--target", choices=("triton", "cuda"), default="triton")
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--config", type=json.loads, default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    import attncc
+    from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for, time_rounds
+    from attncc.cache import atomic_write, cache_dir
+    from attncc.runtime.jit import load_module
+    from attncc.runtime.timing import cold_copies, median_ms
+
+    variants = load_variants(args.variants)
+    kernel = attncc.compile(args.spec, target=args.target)
+    host = kernel.path.read_text()
+    cuda_source = getattr(kernel.module(interpreted=False), "_CUDA_SOURCE", "")
+    sizes = sizes_for(kernel.ir, Shape.parse(args.shape))
+    inputs = bench_inputs(kernel.ir, sizes, DTYPES[args.dtype], documents=4)
+    rows = sizes[kernel.ir.query_axis.dim] if kernel.ir.query_axis else 1
+    graphed = rows <= 16
+    copies = cold_copies(inputs) if graphed else [inputs]
+    params = kernel.param_defaults(sizes)
+    kv_names = (kernel.ir.key.tensor, kernel.ir.value.tensor)
+    kv_bytes = sum(inputs[t].numel() * inputs[t].element_size() for t in kv_names)
+    print(
+        f"{kernel.name} {args.shape} {args.dtype} {args.target} on {torch.cuda.get_device_name()}"
+    )
+
+    reference = None
+    contenders: dict[str, Callable[[], float]] = {}
+    for name, replacements in variants.items():
+        patched_host, patched_cuda = split_replacements(host, cuda_source, name, replacements)
+        tag = hashlib.sha256(json.dumps([name, replacements]).encode()).hexdigest()[:12]
+        path = Path(cache_dir()) / "modules" / f"ab_{tag}_{kernel.path.name}"
+        atomic_write(path, patched_host)
+        module: Any = load_module(path, interpreted=False)
+        if patched_cuda != getattr(module, "_CUDA_SOURCE", ""):
+            module._CUDA_SOURCE = patched_cuda
+            module._SOURCE_KEY = module._nvrtc.source_key(patched_cuda)
+        runs = []
+        for c in copies:
+            tensors, bound = module._bind([c[n] for n in kernel.input_names], {})
+            full = {**params, **bound}
+            runs.append(lambda m=module, t=tensors, p=full: m._forward(t, p, False, args.config))
+        try:
+            out = runs[0]()[0].float()
+        except Exception as error:  # a variant that does not compile is a result, not the end
+            print(f"  {name:28s} {type(error).__name__}: {str(error)[:300]}")
+            continue
+        reference = out if reference is None else reference
+        diff = (out - reference).abs().max().item()
+        if not diff <= 2e-2:
+            raise SystemExit(f"variant {name}: output differs from the unchanged one by {diff:.3g}")
+        contenders[name] = lambda runs=runs: median_ms(runs, graphed)
+
+    best = time_rounds(contenders, args.rounds)
+    base = best.get("unchanged")
+    for name, ms in best.items():
+        if ms is None:
+            print(f"  {name:28s} failed")
+            continue
+        extra = f"  {kv_bytes / (ms * 1e-3) / 1e12:.2f} TB/s" if graphed else ""
+        change = f"  {ms / base - 1:+.1%}" if base else ""
+        print(f"  {name:28s} {ms * 1e3:9.1f} us{change}{extra}")
+
+
+if __name__ == "__main__":
+    main()
