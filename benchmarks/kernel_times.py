@@ -1,7 +1,7 @@
 """Where a call's time goes (GPU): each kernel's time per call of a spec on one shape under
 torch.profiler, beside the call's own median time (the difference is launch gaps and host
-work), for the default target or the one named, with host-module constants replaced as in
-default_ab.py (the CUDA target's tables).
+work), for the default target or the one named, with host-module constants replaced
+(NAME=VALUE: the CUDA target's tables, e.g. _WGMMA_PERSISTENT=0).
 
     python3 benchmarks/kernel_times.py SPEC "B,H:KVH,S,D" [auto|triton|cuda] [NAME=VALUE ...]
 """
