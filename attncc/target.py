@@ -2,7 +2,7 @@
 
 "auto" is decided once, at build time, from the optimised IR and this process's GPU; a built
 kernel names the backend it got ("triton" or "cuda"), never "auto". The CUDA target wins only
-where it was measured to (H100, bf16, D=128; docs/performance.md, sessions 9 and 12): fused
+where it was measured to (H100, bf16, D=128; docs/performance.md): fused
 prefill on an sm_90 GPU. Everywhere else Triton is as fast or faster, autotunes,
 and runs CPU tensors through its interpreter.
 
@@ -52,7 +52,7 @@ def auto_target(kernel: AttentionKernel) -> str:
     """``"cuda"`` when ``kernel`` (after every pass) is fused prefill, the current CUDA device
     is sm_90 and cuda-python's bindings are installed; else ``"triton"``. Document masks (a
     tile index) included: the CUDA target runs them at 1.26-1.40x FlexAttention, Triton at
-    1.08-1.11x (H100, docs/performance.md, session 12).
+    1.08-1.11x (H100, docs/performance.md).
 
     The IR conditions go first: they cost nothing, and a decode kernel then never
     initialises CUDA or looks for cuda-python just to be told "triton".

@@ -137,7 +137,7 @@ class _Context:
         score's column against two per-row numbers, not each folded mask against its key
         (a sliding window's three tests a score become two: 3% faster at head dim 64).
         Only where the scores are raw dot products: with score modifications the kernel
-        ran slower (soft-capping 30%, ALiBi 8-16%; session 15)."""
+        ran slower (soft-capping 30%, ALiBi 8-16%; H100)."""
         plan_ = self.k.mask_plan
         assert plan_ is not None
         lower = [f"(int)({cu.cuda_expr(b.expr, env)})" for b in plan_.lower]

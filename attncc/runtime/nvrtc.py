@@ -6,10 +6,10 @@ The bindings are imported only to compile, so machines without cuda-python (CPU-
 still import attncc and render CUDA sources, and a warm start (every cubin cached) never
 imports them: cubins load and kernels launch through the driver API. The NVRTC module alone,
 not ``cuda.core``: importing cuda.core loads every binding (driver, runtime, NVRTC, ...),
-0.33-0.45 s of a cold compile's first call on an H100 machine (docs/performance.md, session
-17). A cubin is keyed by the source, the ATTNCC_* macros selecting the variant, the GPU
-architecture and the attncc version; it is written atomically under ``<cache>/cubin`` and
-loaded from there by later processes.
+0.33-0.45 s of a cold compile's first call on an H100 machine (docs/performance.md). A cubin
+is keyed by the source, the ATTNCC_* macros selecting the variant, the GPU architecture and
+the attncc version; it is written atomically under ``<cache>/cubin`` and loaded from there
+by later processes.
 """
 
 from __future__ import annotations

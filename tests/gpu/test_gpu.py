@@ -99,7 +99,8 @@ def test_tma_descriptor_loads_on_gpu(name: str, head_dim: int) -> None:
 # (spec, [(B, heads, length)]): the first call compiles; none of the others may. Lengths are
 # multiples of 16 and at least the default tile's rows (128 at most): Triton specializes the
 # lengths' divisibility by 16 (one compile more for others), and a query axis shorter than the
-# tile takes a smaller BLOCK_M (one compile per power of two, seen in run 1 of session 5)
+# tile takes a smaller BLOCK_M (one compile per power of two: a 64-row sliding-window call
+# recompiled on an H200)
 NO_RECOMPILE_CASES = [
     ("causal", [(16, 4, 1024), (8, 4, 2048), (1, 4, 768), (3, 4, 320)]),
     ("sliding_window", [(2, 4, 1024), (1, 4, 4096), (5, 4, 208)]),
