@@ -12,6 +12,7 @@ from attncc.ir import nodes as ir
 from attncc.spec import ast
 from attncc.spec.check import CheckedSpec, Definition, Softmax, dtype_type, walk
 from attncc.spec.errors import SpecError
+from attncc.spec.functions import result_type
 
 
 class _Lowering:
@@ -60,7 +61,9 @@ class _Lowering:
                 return ir.Load(tensor.name, tuple(self.expr(i, score) for i in indices), info.type)
             case ast.Call(func=func, args=args):
                 lowered = tuple(self.expr(a, score) for a in args)
-                return ir.Call(func.name, lowered, _call_type(func.name, lowered))
+                return ir.Call(
+                    func.name, lowered, result_type(func.name, (a.type for a in lowered))
+                )
             case ast.Neg(operand=x):
                 inner = self.expr(x, score)
                 return ir.Unary("neg", inner, inner.type)
@@ -347,13 +350,6 @@ def _factors(expr: ast.Expr) -> list[ast.Expr] | None:
 
 def _plain(access: ast.Access) -> list[str]:
     return [s.name for s in access.indices if isinstance(s, ast.Name)]
-
-
-def _call_type(func: str, args: tuple[ir.Expr, ...]) -> ir.Type:
-    if func in ("exp", "log", "tanh", "sqrt"):
-        return "float"
-    numeric = args[1:] if func == "where" else args
-    return "int" if all(a.type == "int" for a in numeric) else "float"
 
 
 def lower(checked: CheckedSpec) -> ir.AttentionKernel:
