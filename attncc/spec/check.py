@@ -424,8 +424,10 @@ class _Checker:
                 f"index '{index.name}' is used for dim {dim} of '{tensor}', "
                 f"but it ranges over dim {bound}",
                 index.span,
-                f"'{index.name}' was bound to {bound} at line {first.line}, column {first.column}; "
-                "use a different index name for a different dim",
+                f"'{index.name}' was bound to {bound} at line {first.line}, column "
+                f"{first.column}; use an index that ranges over {dim} here. If {bound} and "
+                f"{dim} are one size (self-attention), declare one dim for both; if not, read "
+                f"a tensor declared over {bound} (e.g. a second input)",
             )
 
     def bind_accesses(self, expr: ast.Expr, defined_dims: dict[str, tuple[str, ...]]) -> None:
