@@ -93,7 +93,8 @@ _TRITON_FUNCS: dict[str, Callable[..., str]] = {
     "sin": lambda x: f"tl.sin({x})",
     "cos": lambda x: f"tl.cos({x})",
     "tan": lambda x: f"(tl.sin({x}) / tl.cos({x}))",
-    "sigmoid": lambda x: f"tl.sigmoid({x})",
+    # tl.sigmoid is a jit function the interpreter cannot call from a generated module
+    "sigmoid": lambda x: f"(1.0 / (1.0 + tl.exp(-({x}))))",
     "erf": lambda x: f"tl.erf({x})",
     "floor": lambda x: f"tl.floor({x})",
     "ceil": lambda x: f"tl.ceil({x})",
@@ -111,11 +112,13 @@ def _triton_pow(a: str, b: str) -> str:
     |a|^b, negated when b is odd; otherwise exp2(b * log2(a)), NaN for a < 0 (log2 of a
     negative) as C's pow for a fractional b."""
     magnitude = f"tl.exp2(({b}) * tl.log2(tl.abs({a})))"
+    plain = f"tl.exp2(({b}) * tl.log2({a}))"
     integral = f"(tl.floor({b}) == ({b}))"
     odd = f"(tl.floor(({b}) * 0.5) * 2.0 != ({b}))"
     signed = f"tl.where({odd}, -{magnitude}, {magnitude})"
-    general = f"tl.where((({a}) < 0.0) & {integral}, {signed}, tl.exp2(({b}) * tl.log2({a})))"
-    return f"tl.where((({b}) == 0.0) | (({a}) == 1.0), 1.0, {general})"
+    # nested wheres, not & and |: either side may be a Python bool when b is a literal
+    general = f"tl.where(({a}) < 0.0, tl.where({integral}, {signed}, {plain}), {plain})"
+    return f"tl.where(({b}) == 0.0, 1.0, tl.where(({a}) == 1.0, 1.0, {general}))"
 
 
 _HOST_FUNCS: dict[str, Callable[..., str]] = {

@@ -175,7 +175,9 @@ class _Lowering:
         for mod in mods:
             self.elementwise(mod)
         scalars = [f for f in _factors(contraction.value) or [] if not isinstance(f, ast.Access)]
-        elementwise = [("a scalar factor of the scores", f) for f in scalars]
+        elementwise: list[tuple[str, ast.Expr]] = [
+            ("a scalar factor of the scores", f) for f in scalars
+        ]
         elementwise += [("a score modification", m.value) for m in mods]
         elementwise += [("a mask", m.condition) for m in c.masks]
         for what, expr in elementwise:

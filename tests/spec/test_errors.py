@@ -687,7 +687,8 @@ TYPES = [
         edit(("* scale", "* foo(scale)")),
         "8:49",
         "unknown function 'foo'",
-        "exp, log, sqrt, tanh, sin, cos, tan, sigmoid, erf, floor, ceil, pow, abs, min, max, where, softmax",
+        "exp, log, sqrt, tanh, sin, cos, tan, sigmoid, erf, floor, ceil, pow, abs, min, max, "
+        "where, softmax",
     ),
     Case(
         "too-many-arguments",
