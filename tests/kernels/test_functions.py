@@ -1,6 +1,6 @@
-"""Every built-in function in a Triton kernel (the interpreter on the CPU) against the float64
-reference, on int operands (an index, an i32 param, a dim, an i32 input: converted to float
-first) and on float ones (the scores), by the tolerance rule."""
+"""Every built-in function in a Triton kernel (compiled on a GPU, else the interpreter) against
+the float64 reference, on int operands (an index, an i32 param, a dim, an i32 input: converted
+to float first) and on float ones (the scores), by the tolerance rule."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import attncc
 from attncc.spec.functions import BUILTINS, FUNCTION_NAMES
 
-from ._support import evaluate
+from ._support import DEVICE, evaluate
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
@@ -66,7 +66,7 @@ def test_function_in_a_kernel_matches_the_reference(name: str) -> None:
     g = torch.Generator().manual_seed(FUNCTION_NAMES.index(name))
     q, k, v = (torch.randn(2, 1, 8, 16, generator=g) for _ in range(3))
     lengths = torch.tensor([0, 3], dtype=torch.int32)
-    inputs = {"q": q, "k": k, "v": v, "len": lengths}
+    inputs = {n: t.to(DEVICE) for n, t in {"q": q, "k": k, "v": v, "len": lengths}.items()}
     out, lse, _, _ = evaluate(kernel, inputs, {}, torch.float32)
     assert out.ok, (name, out)
     assert lse.ok, (name, lse)
@@ -80,6 +80,7 @@ def test_the_docs_scale_runs_in_a_kernel() -> None:
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 2, 8, 16, generator=g) for _ in range(3))
     inputs = {"q": q, "k": k, "v": v, "len": torch.tensor([1], dtype=torch.int32)}
+    inputs = {n: t.to(DEVICE) for n, t in inputs.items()}
     out, _, _, _ = evaluate(kernel, inputs, {}, torch.float32)
     assert out.ok, out
 
@@ -101,5 +102,6 @@ def test_cross_attention_example_of_the_docs_runs() -> None:
         "k_doc": torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2], [1] * 9], dtype=torch.int32),
         "bias": torch.randn(5, 9, generator=g),
     }
+    inputs = {n: t.to(DEVICE) for n, t in inputs.items()}
     out, lse, _, _ = evaluate(kernel, inputs, {}, torch.float32)
     assert out.ok and lse.ok, (out, lse)
