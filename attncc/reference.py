@@ -33,6 +33,7 @@ The spec is evaluated exactly as written, with everything materialised:
 
 from __future__ import annotations
 
+import math
 import operator
 import string
 from collections.abc import Callable
@@ -44,22 +45,40 @@ import numpy.typing as npt
 
 from attncc.spec import CheckedSpec, ast, load
 from attncc.spec.check import Definition, Softmax, TensorInfo, dtype_type, walk
+from attncc.spec.functions import Type, require_all, widened
 
 __all__ = ["Reference", "reference"]
 
 Array = npt.NDArray[Any]
 
+_ERF = np.frompyfunc(math.erf, 1, 1)  # numpy has no erf; test sizes make a ufunc of math.erf fine
+
+
+def _sigmoid(x: Array) -> Array:
+    return np.asarray(1.0 / (1.0 + np.exp(-x)))
+
+
+# Each built-in function (attncc.spec.functions) in float64; float functions get their int
+# arguments as float64 first (``float_args`` of the call's types).
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "exp": np.exp,
     "log": np.log,
-    "tanh": np.tanh,
     "sqrt": np.sqrt,
+    "tanh": np.tanh,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "sigmoid": _sigmoid,
+    "erf": lambda x: np.asarray(_ERF(x), dtype=np.float64),
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "pow": np.power,
     "abs": np.abs,
     "min": np.minimum,
     "max": np.maximum,
     "where": np.where,
 }
-_FLOAT_FUNCTIONS = ("exp", "log", "tanh", "sqrt")
+require_all(_FUNCTIONS, "the reference")
 _COMPARE: dict[str, Callable[[Any, Any], Any]] = {
     "==": np.equal,
     "!=": np.not_equal,
@@ -351,8 +370,11 @@ class _Evaluator:
                 return self.access(tensor.name, subscripts, frame)
             case ast.Call(func=func, args=args):
                 values = [self.eval(arg, frame) for arg in args]
-                if func.name in _FLOAT_FUNCTIONS:
-                    values = [v.astype(np.float64) for v in values]
+                types = [_type_of(v) for v in values]
+                values = [
+                    v.astype(np.float64) if widen else v
+                    for v, widen in zip(values, widened(func.name, types), strict=True)
+                ]
                 return np.asarray(_FUNCTIONS[func.name](*values))
             case ast.Neg(operand=operand):
                 return np.negative(self.eval(operand, frame))
@@ -408,6 +430,11 @@ class _Evaluator:
             case "/":
                 return np.asarray(np.true_divide(a, b))
         raise AssertionError(expr.op)
+
+
+def _type_of(value: Array) -> Type:
+    kind = value.dtype.kind
+    return "bool" if kind == "b" else "int" if kind in "iu" else "float"
 
 
 def _scalar(value: int | float) -> Array:

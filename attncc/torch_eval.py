@@ -12,17 +12,27 @@ from typing import Any
 import torch
 
 from attncc.ir import nodes as ir
+from attncc.spec.functions import require_all, widened
 
 _FUNCS: dict[str, Callable[..., Any]] = {
     "exp": torch.exp,
     "log": torch.log,
-    "tanh": torch.tanh,
     "sqrt": torch.sqrt,
+    "tanh": torch.tanh,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "tan": torch.tan,
+    "sigmoid": torch.sigmoid,
+    "erf": torch.erf,
+    "floor": torch.floor,
+    "ceil": torch.ceil,
+    "pow": torch.pow,
     "abs": torch.abs,
     "min": torch.minimum,
     "max": torch.maximum,
     "where": torch.where,
 }
+require_all(_FUNCS, "the torch evaluator")
 
 
 def _tensor(x: Any) -> torch.Tensor:
@@ -87,6 +97,11 @@ def evaluate(
                 return _binary(op, ev(a), ev(b), integer)
             case ir.Call(func=func, args=args):
                 values = [_tensor(ev(a)) if func != "where" else ev(a) for a in args]
+                # int operands become float32 first, as in the kernels
+                values = [
+                    _tensor(v).to(torch.float32) if widen else v
+                    for v, widen in zip(values, widened(func, [a.type for a in args]), strict=True)
+                ]
                 return _FUNCS[func](*values)
         raise AssertionError(e)
 

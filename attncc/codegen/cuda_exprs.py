@@ -13,19 +13,21 @@ integer ``/`` and ``%`` truncate toward zero, the IR's semantics.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from attncc.codegen.exprs import (
     dim_var,
     divisor_vars,
     fast_division,
+    float_args,
     param_var,
     stride_var,
     tensor_var,
 )
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of
+from attncc.spec.functions import require_all
 
 # C++ element type of each spec dtype; "float" inputs share the kernel's float type ``elem_t``
 ELEMENT_TYPES = {
@@ -33,22 +35,39 @@ ELEMENT_TYPES = {
     "f16": "f16_t",
     "bf16": "bf16_t",
     "f32": "float",
-    "f64": "double",
     "i32": "int",
     "i64": "long long",
     "bool": "bool",
 }
 
-_FLOAT_FUNCS = {
-    "exp": "expf",
-    "log": "logf",
-    "sqrt": "sqrtf",
-    "tanh": "attncc_tanh",
-    "abs": "fabsf",
-    "min": "fminf",
-    "max": "fmaxf",
+# Each built-in's CUDA rendering from its rendered arguments (``float`` ones already cast), for
+# float results, and for int results of the ``numeric`` functions.
+_FLOAT_FUNCS: dict[str, Callable[..., str]] = {
+    "exp": lambda x: f"expf({x})",
+    "log": lambda x: f"logf({x})",
+    "sqrt": lambda x: f"sqrtf({x})",
+    "tanh": lambda x: f"attncc_tanh({x})",
+    "sin": lambda x: f"sinf({x})",
+    "cos": lambda x: f"cosf({x})",
+    "tan": lambda x: f"tanf({x})",
+    # the division as Triton's tl.sigmoid does it (div.full, attncc_div)
+    "sigmoid": lambda x: f"attncc_div(1.0f, 1.0f + expf(-({x})))",
+    "erf": lambda x: f"erff({x})",
+    "floor": lambda x: f"floorf({x})",
+    "ceil": lambda x: f"ceilf({x})",
+    "pow": lambda a, b: f"powf({a}, {b})",
+    "abs": lambda x: f"fabsf({x})",
+    "min": lambda a, b: f"fminf({a}, {b})",
+    "max": lambda a, b: f"fmaxf({a}, {b})",
+    "where": lambda c, a, b: f"(({c}) ? {a} : {b})",
 }
-_INT_FUNCS = {"abs": "abs", "min": "min", "max": "max"}
+require_all(_FLOAT_FUNCS, "CUDA expressions")
+_INT_FUNCS: dict[str, Callable[..., str]] = {
+    "abs": lambda x: f"abs({x})",
+    "min": lambda a, b: f"min({a}, {b})",
+    "max": lambda a, b: f"max({a}, {b})",
+    "where": lambda c, a, b: f"(({c}) ? {a} : {b})",
+}
 
 
 @dataclass(frozen=True)
@@ -117,17 +136,13 @@ def cuda_expr(expr: ir.Expr, env: CudaEnv) -> str:
                 if op == "/" and expr.type == "float":
                     return f"attncc_div({left}, {right})"  # Triton's division (div.full)
             return f"({left} {op} {right})"
-        case ir.Call(func="where", args=(cond, a, b)):
-            then, other = cuda_expr(a, env), cuda_expr(b, env)
-            if expr.type == "float":
-                then, other = _as_float(a, then), _as_float(b, other)
-            return f"(({cuda_expr(cond, env)}) ? {then} : {other})"
         case ir.Call(func=func, args=args):
-            if expr.type == "int":
-                rendered = ", ".join(cuda_expr(x, env) for x in args)
-                return f"{_INT_FUNCS[func]}({rendered})"
-            rendered = ", ".join(_as_float(x, cuda_expr(x, env)) for x in args)
-            return f"{_FLOAT_FUNCS[func]}({rendered})"
+            rendered = [
+                _as_float(x, cuda_expr(x, env)) if widen else cuda_expr(x, env)
+                for x, widen in zip(args, float_args(expr), strict=True)
+            ]
+            table = _INT_FUNCS if expr.type == "int" else _FLOAT_FUNCS
+            return table[func](*rendered)
     raise AssertionError(expr)
 
 

@@ -9,11 +9,12 @@ re-checks before anything is rendered.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of
+from attncc.spec.functions import require_all, widened
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
 
@@ -81,27 +82,69 @@ def non_negative(expr: ir.Expr) -> bool:
     return False
 
 
-_TRITON_FUNCS = {
-    "exp": "tl.exp",
-    "log": "tl.log",
-    "sqrt": "tl.sqrt",
-    "tanh": "_tanh",
-    "abs": "tl.abs",
-    "min": "tl.minimum",
-    "max": "tl.maximum",
-    "where": "tl.where",
+# Each built-in's Triton rendering from its rendered arguments (already float32 where the
+# function is a float one). Only tl.* functions: the interpreter has no libdevice. Composites
+# repeat an argument's text; Triton's compiler computes the common subexpression once.
+_TRITON_FUNCS: dict[str, Callable[..., str]] = {
+    "exp": lambda x: f"tl.exp({x})",
+    "log": lambda x: f"tl.log({x})",
+    "sqrt": lambda x: f"tl.sqrt({x})",
+    "tanh": lambda x: f"_tanh({x})",
+    "sin": lambda x: f"tl.sin({x})",
+    "cos": lambda x: f"tl.cos({x})",
+    "tan": lambda x: f"(tl.sin({x}) / tl.cos({x}))",
+    # tl.sigmoid is a jit function the interpreter cannot call from a generated module
+    "sigmoid": lambda x: f"(1.0 / (1.0 + tl.exp(-({x}))))",
+    "erf": lambda x: f"tl.erf({x})",
+    "floor": lambda x: f"tl.floor({x})",
+    "ceil": lambda x: f"tl.ceil({x})",
+    "pow": lambda a, b: _triton_pow(a, b),
+    "abs": lambda x: f"tl.abs({x})",
+    "min": lambda a, b: f"tl.minimum({a}, {b})",
+    "max": lambda a, b: f"tl.maximum({a}, {b})",
+    "where": lambda c, a, b: f"tl.where({c}, {a}, {b})",
 }
+require_all(_TRITON_FUNCS, "Triton expressions")
 
-_HOST_FUNCS = {
-    "exp": "math.exp",
-    "log": "math.log",
-    "sqrt": "math.sqrt",
-    "tanh": "math.tanh",
-    "abs": "abs",
-    "min": "min",
-    "max": "max",
-    "where": "_where",
+
+def _triton_pow(a: str, b: str) -> str:
+    """C's ``pow`` from exp2 and log2: 1 for b == 0 or a == 1; for a < 0 and an integer b,
+    |a|^b, negated when b is odd; otherwise exp2(b * log2(a)), NaN for a < 0 (log2 of a
+    negative) as C's pow for a fractional b."""
+    magnitude = f"tl.exp2(({b}) * tl.log2(tl.abs({a})))"
+    plain = f"tl.exp2(({b}) * tl.log2({a}))"
+    integral = f"(tl.floor({b}) == ({b}))"
+    odd = f"(tl.floor(({b}) * 0.5) * 2.0 != ({b}))"
+    signed = f"tl.where({odd}, -{magnitude}, {magnitude})"
+    # nested wheres, not & and |: either side may be a Python bool when b is a literal
+    general = f"tl.where(({a}) < 0.0, tl.where({integral}, {signed}, {plain}), {plain})"
+    return f"tl.where(({b}) == 0.0, 1.0, tl.where(({a}) == 1.0, 1.0, {general}))"
+
+
+_HOST_FUNCS: dict[str, Callable[..., str]] = {
+    "exp": lambda x: f"math.exp({x})",
+    "log": lambda x: f"math.log({x})",
+    "sqrt": lambda x: f"math.sqrt({x})",
+    "tanh": lambda x: f"math.tanh({x})",
+    "sin": lambda x: f"math.sin({x})",
+    "cos": lambda x: f"math.cos({x})",
+    "tan": lambda x: f"math.tan({x})",
+    "sigmoid": lambda x: f"(1.0 / (1.0 + math.exp(-({x}))))",
+    "erf": lambda x: f"math.erf({x})",
+    "floor": lambda x: f"float(math.floor({x}))",
+    "ceil": lambda x: f"float(math.ceil({x}))",
+    "pow": lambda a, b: f"math.pow({a}, {b})",
+    "abs": lambda x: f"abs({x})",
+    "min": lambda a, b: f"min({a}, {b})",
+    "max": lambda a, b: f"max({a}, {b})",
+    "where": lambda c, a, b: f"_where({c}, {a}, {b})",
 }
+require_all(_HOST_FUNCS, "host expressions")
+
+
+def float_args(call: ir.Call) -> tuple[bool, ...]:
+    """Which arguments of ``call`` are converted from int to float first (``widened``)."""
+    return widened(call.func, [a.type for a in call.args])
 
 
 @dataclass(frozen=True)
@@ -169,8 +212,20 @@ def triton_expr(expr: ir.Expr, env: TritonEnv) -> str:
                 return f"({left} // {right})"  # Triton's integer // truncates toward zero
             return f"({left} {op} {right})"
         case ir.Call(func=func, args=args):
-            return f"{_TRITON_FUNCS[func]}({', '.join(triton_expr(a, env) for a in args)})"
+            rendered = [
+                _triton_float(a, triton_expr(a, env)) if widen else triton_expr(a, env)
+                for a, widen in zip(args, float_args(expr), strict=True)
+            ]
+            return _TRITON_FUNCS[func](*rendered)
     raise AssertionError(expr)
+
+
+def _triton_float(expr: ir.Expr, text: str) -> str:
+    """An int expression as float32: a literal as a float literal, anything else through
+    ``tl.cast`` (which also takes the Python ints Triton passes for arguments equal to 1)."""
+    if isinstance(expr, ir.Const):
+        return repr(float(expr.value))
+    return f"tl.cast({text}, tl.float32)"
 
 
 def _needs_bounds(sub: ir.Expr, env: TritonEnv) -> bool:
@@ -203,7 +258,11 @@ def host_expr(expr: ir.Expr, dims: str = "dims", params: str = "params") -> str:
                 return f"_imod({left}, {right})"
             return f"({left} {op} {right})"
         case ir.Call(func=func, args=args):
-            return f"{_HOST_FUNCS[func]}({', '.join(host_expr(a, dims, params) for a in args)})"
+            rendered = [
+                f"float({host_expr(a, dims, params)})" if widen else host_expr(a, dims, params)
+                for a, widen in zip(args, float_args(expr), strict=True)
+            ]
+            return _HOST_FUNCS[func](*rendered)
         case ir.Score() | ir.Load():
             raise ValueError("host expressions cannot read scores or tensors")
     raise AssertionError(expr)

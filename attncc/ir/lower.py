@@ -12,6 +12,7 @@ from attncc.ir import nodes as ir
 from attncc.spec import ast
 from attncc.spec.check import CheckedSpec, Definition, Softmax, dtype_type, walk
 from attncc.spec.errors import SpecError
+from attncc.spec.functions import result_type
 
 
 class _Lowering:
@@ -47,6 +48,15 @@ class _Lowering:
                 )
             case ast.Access(tensor=tensor, indices=indices, span=span):
                 if tensor.name == score:
+                    own = self.c.defined_indices(score)
+                    if [i.name if isinstance(i, ast.Name) else None for i in indices] != list(own):
+                        # any other subscripts would read another element of the scores, which
+                        # an elementwise modification does not have
+                        raise self.error(
+                            f"a score modification reads '{score}' at its own indices only",
+                            span,
+                            f"write {score}[{', '.join(own)}] or the bare name {score}",
+                        )
                     return ir.Score()
                 if tensor.name in self.c.views:
                     return self.expr(self.c.views[tensor.name].read(indices), score)
@@ -60,7 +70,9 @@ class _Lowering:
                 return ir.Load(tensor.name, tuple(self.expr(i, score) for i in indices), info.type)
             case ast.Call(func=func, args=args):
                 lowered = tuple(self.expr(a, score) for a in args)
-                return ir.Call(func.name, lowered, _call_type(func.name, lowered))
+                return ir.Call(
+                    func.name, lowered, result_type(func.name, (a.type for a in lowered))
+                )
             case ast.Neg(operand=x):
                 inner = self.expr(x, score)
                 return ir.Unary("neg", inner, inner.type)
@@ -93,6 +105,14 @@ class _Lowering:
             s for s in c.steps if isinstance(s, Definition) and s.target == softmax.source
         ]
         contraction, mods = score_defs[0], score_defs[1:]
+        late = [d for d in mods if c.steps.index(d) > c.steps.index(softmax)]
+        if late:
+            # the kernels modify the scores before the softmax; after it, nothing reads them
+            raise self.error(
+                f"'{softmax.source}' is modified after the softmax has read it",
+                late[0].stmt.span,
+                f"move the modification above {softmax.target} = softmax(...)",
+            )
         query_op, key_op, scale = self.scores(contraction, softmax)
         key_index = softmax.axis
         (head_index,) = contraction.summed
@@ -152,6 +172,16 @@ class _Lowering:
             raise self.error(
                 "query, key and value must be three different input tensors", contraction.stmt.span
             )
+        for mod in mods:
+            self.elementwise(mod)
+        scalars = [f for f in _factors(contraction.value) or [] if not isinstance(f, ast.Access)]
+        elementwise: list[tuple[str, ast.Expr]] = [
+            ("a scalar factor of the scores", f) for f in scalars
+        ]
+        elementwise += [("a score modification", m.value) for m in mods]
+        elementwise += [("a mask", m.condition) for m in c.masks]
+        for what, expr in elementwise:
+            self.reject_operand_reads(what, expr, roles)
         tensors = tuple(
             ir.TensorArg(t.name, t.dims, t.dtype, roles.get(t.name, "aux"))  # type: ignore[arg-type]
             for t in c.inputs.values()
@@ -322,6 +352,37 @@ class _Lowering:
         target = self.through_view(access)
         return ir.Operand(target.tensor.name, tuple(self.expr(i) for i in target.indices))
 
+    def elementwise(self, mod: Definition) -> None:
+        """A later assignment to the scores modifies each score on its own: no sum."""
+        if mod.summed:
+            raise self.error(
+                f"a score modification is elementwise, but this one sums over "
+                f"{', '.join(repr(i) for i in mod.summed)}",
+                mod.stmt.span,
+                f"the first definition of '{mod.target}' is the only contraction of the "
+                "scores; contract other tensors into a tensor of their own, or index every "
+                "term by the scores' indices",
+            )
+
+    def reject_operand_reads(self, what: str, expr: ast.Expr, roles: dict[str, str]) -> None:
+        """Query, key and value are read by the two contractions only: the kernels hold them
+        as tiles, not as tensors an elementwise expression can index."""
+        for node in walk(expr):
+            if not isinstance(node, ast.Access):
+                continue
+            name = (
+                self.through_view(node).tensor.name
+                if node.tensor.name in self.c.views
+                else node.tensor.name
+            )
+            if name in roles:
+                raise self.error(
+                    f"{what} cannot read the {roles[name]} tensor '{name}'",
+                    node.span,
+                    "query, key and value are read by the score and output contractions "
+                    "only; pass what the expression needs as an input of its own",
+                )
+
     def modification(self, mod: Definition, score: str) -> ir.Expr:
         lowered = self.expr(mod.value, score)
         if lowered.type != "float":
@@ -347,13 +408,6 @@ def _factors(expr: ast.Expr) -> list[ast.Expr] | None:
 
 def _plain(access: ast.Access) -> list[str]:
     return [s.name for s in access.indices if isinstance(s, ast.Name)]
-
-
-def _call_type(func: str, args: tuple[ir.Expr, ...]) -> ir.Type:
-    if func in ("exp", "log", "tanh", "sqrt"):
-        return "float"
-    numeric = args[1:] if func == "where" else args
-    return "int" if all(a.type == "int" for a in numeric) else "float"
 
 
 def lower(checked: CheckedSpec) -> ir.AttentionKernel:

@@ -13,18 +13,23 @@ from typing import Literal
 
 from attncc.spec import ast
 from attncc.spec.errors import SpecError
+from attncc.spec.functions import (
+    BUILTINS,
+    FUNCTION_NAMES,
+    RESERVED_NAMES,
+    numeric_args,
+    result_type,
+)
 
 Type = Literal["int", "float", "bool"]
 
-FLOAT_DTYPES = ("float", "f16", "bf16", "f32", "f64")
+FLOAT_DTYPES = ("float", "f16", "bf16", "f32")
 INT_DTYPES = ("i32", "i64")
 TENSOR_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 PARAM_DTYPES = ("f32", "i32")
 SCHEDULES = ("naive", "fused", "split_kv")
-FLOAT_FUNCTIONS = ("exp", "log", "tanh", "sqrt")
-NUMERIC_FUNCTIONS = ("abs", "min", "max")
-FUNCTIONS = FLOAT_FUNCTIONS + NUMERIC_FUNCTIONS + ("where",)
-_ARITY = {"exp": 1, "log": 1, "tanh": 1, "sqrt": 1, "abs": 1, "min": 2, "max": 2, "where": 3}
+# The built-in functions (name, arity, typing): attncc.spec.functions is the one table.
+FUNCTIONS = FUNCTION_NAMES
 
 
 def dtype_type(dtype: str) -> Type:
@@ -202,7 +207,7 @@ class _Checker:
                 ident.span,
                 f"'{ident.name}' is already declared at line {first.line}; choose another name",
             )
-        if ident.name in FUNCTIONS or ident.name == "softmax":
+        if ident.name in RESERVED_NAMES:
             raise self.error(
                 f"'{ident.name}' is a built-in function and cannot name a {what}", ident.span
             )
@@ -343,6 +348,14 @@ class _Checker:
         dtype = "float"
         if stmt.dtype is not None:
             dtype = stmt.dtype.name
+            if dtype == "f64":
+                # no kernel takes float64 tensors, so no call could satisfy the declaration
+                raise self.error(
+                    "f64 inputs are not supported: the kernels take 16- and 32-bit floats",
+                    stmt.dtype.span,
+                    "declare it `float` (f16, bf16 or f32, chosen at call time) or `f32`; "
+                    "the reference evaluates in float64 whatever the inputs",
+                )
             if dtype not in TENSOR_DTYPES:
                 raise self.error(
                     f"unknown dtype '{dtype}'",
@@ -411,8 +424,10 @@ class _Checker:
                 f"index '{index.name}' is used for dim {dim} of '{tensor}', "
                 f"but it ranges over dim {bound}",
                 index.span,
-                f"'{index.name}' was bound to {bound} at line {first.line}, column {first.column}; "
-                "use a different index name for a different dim",
+                f"'{index.name}' was bound to {bound} at line {first.line}, column "
+                f"{first.column}; use an index that ranges over {dim} here. If {bound} and "
+                f"{dim} are one size (self-attention), declare one dim for both; if not, read "
+                f"a tensor declared over {bound} (e.g. a second input)",
             )
 
     def bind_accesses(self, expr: ast.Expr, defined_dims: dict[str, tuple[str, ...]]) -> None:
@@ -572,31 +587,26 @@ class _Checker:
                 span,
                 "write it on its own line: p = softmax(s, n)",
             )
-        if name not in _ARITY:
+        if name not in BUILTINS:
             raise self.error(
                 f"unknown function '{name}'",
                 func.span,
-                f"available: {', '.join(FUNCTIONS)}, softmax",
+                f"available: {', '.join(FUNCTION_NAMES)}, softmax",
             )
-        if len(args) != _ARITY[name]:
+        arity = BUILTINS[name].arity
+        if len(args) != arity:
             raise self.error(
-                f"{name} takes {_ARITY[name]} argument{'s' if _ARITY[name] > 1 else ''}, "
-                f"got {len(args)}",
+                f"{name} takes {arity} argument{'s' if arity > 1 else ''}, got {len(args)}",
                 span,
             )
         types = [self.type_of(a, current) for a in args]
-        if name == "where":
-            if types[0] != "bool":
-                raise self.error("the condition of where must be boolean", args[0].span)
-            numeric = types[1:]
-        else:
-            numeric = types
-        for t, arg in zip(numeric, args[-len(numeric) :], strict=True):
-            if t == "bool":
-                raise self.error(f"{name} needs a number, got a boolean", arg.span)
-        if name in FLOAT_FUNCTIONS:
-            return "float"
-        return "int" if all(t == "int" for t in numeric) else "float"
+        numeric = numeric_args(name, len(args))
+        if numeric.start == 1 and types[0] != "bool":
+            raise self.error(f"the condition of {name} must be boolean", args[0].span)
+        for i in numeric:
+            if types[i] == "bool":
+                raise self.error(f"{name} needs a number, got a boolean", args[i].span)
+        return result_type(name, types)
 
     # ------------------------------------------------------------------ statements
 

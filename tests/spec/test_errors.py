@@ -283,7 +283,15 @@ NAMES = [
         edit(("in v[B, KVH, N, D]", "in v[B, KVH, N, D]: f8")),
         "5:21",
         "unknown dtype 'f8'",
-        "float, f16, bf16, f32, f64, i32, i64, bool",
+        "float, f16, bf16, f32, i32, i64, bool",
+    ),
+    Case(
+        # no kernel takes float64 tensors: the declaration could never be satisfied
+        "f64-input",
+        edit(("in v[B, KVH, N, D]", "in v[B, KVH, N, D]: f64")),
+        "5:21",
+        "f64 inputs are not supported",
+        "declare it `float`",
     ),
     Case(
         "unknown-param-dtype",
@@ -679,7 +687,8 @@ TYPES = [
         edit(("* scale", "* foo(scale)")),
         "8:49",
         "unknown function 'foo'",
-        "exp, log, tanh, sqrt, abs, min, max, where, softmax",
+        "exp, log, sqrt, tanh, sin, cos, tan, sigmoid, erf, floor, ceil, pow, abs, min, max, "
+        "where, softmax",
     ),
     Case(
         "too-many-arguments",
@@ -737,7 +746,7 @@ def test_rendering_in_full() -> None:
         "t.attn:5:21: error: unknown dtype 'f8'\n"
         "    in v[B, KVH, N, D]: f8\n"
         "                        ^~\n"
-        "  hint: choose one of float, f16, bf16, f32, f64, i32, i64, bool"
+        "  hint: choose one of float, f16, bf16, f32, i32, i64, bool"
     )
 
 
