@@ -172,7 +172,9 @@ class Kernel:
 def _plain_eager(tensors: Iterable[Any]) -> bool:
     """Whether a call may skip the torch op: not traced (torch.compile, export), no dispatch
     mode (FakeTensorMode, ...), plain tensors (no subclasses, fake or functional tensors) and
-    no autograd (the op gives the clear "autograd not implemented" error)."""
+    nothing for autograd to record (the op's autograd kernel refuses inputs that require
+    grad, with grad mode on, as ``Kernel.__call__`` does on this path: no backward yet)."""
     if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
         return False
-    return all(type(t) is torch.Tensor and not t.requires_grad for t in tensors)
+    grad = torch.is_grad_enabled()
+    return all(type(t) is torch.Tensor and not (grad and t.requires_grad) for t in tensors)
