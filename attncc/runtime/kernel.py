@@ -20,7 +20,7 @@ from attncc.ir.nodes import AttentionKernel
 from attncc.runtime import op as op_registry
 from attncc.runtime.autotune import Tuner
 from attncc.runtime.jit import interpreter, load_module, module_path
-from attncc.spec import CheckedSpec
+from attncc.spec import CheckedSpec, ast
 
 
 @dataclass
@@ -49,18 +49,25 @@ class Kernel:
     _host: ModuleType = field(init=False, repr=False)
     _op: Any = field(init=False, repr=False)
     _fallback_kernel: Kernel | None = field(init=False, default=None, repr=False)
+    _param_sites: dict[str, str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.path = module_path(self.name, self.host_source or self.source)
         self.tuner = Tuner(self.ir, self.path.stem)
+        self._param_sites = _param_sites(self.spec)
         # loaded now, not on first call: torch.compile cannot trace a module import
-        self._host = load_module(self.path, interpreted=False)
+        self._host = self.module(interpreted=False)
         key = self.path.stem.rsplit("_", 1)[-1][:12]
         self._op = op_registry.register(self.ir, key, self._run, self._fake)
 
     def module(self, interpreted: bool) -> ModuleType:
         # a CUDA host module has no interpreted variant: it refuses CPU tensors itself
-        return load_module(self.path, interpreted and self.target == "triton")
+        module = load_module(self.path, interpreted and self.target == "triton")
+        # the module's errors name a param's declaration (file:line), which its source,
+        # shared by every file with the same spec text, does not hold
+        if getattr(module, "_PARAM_SITES", None) is not self._param_sites:
+            setattr(module, "_PARAM_SITES", self._param_sites)  # noqa: B010 - generated module
+        return module
 
     def param_defaults(self, sizes: dict[str, int]) -> dict[str, Any]:
         """The value of every param with a default, for these dim sizes."""
@@ -167,6 +174,15 @@ class Kernel:
             torch.empty(out_dims, dtype=dtype, device=device),
             torch.empty(lse_dims, dtype=torch.float32, device=device),
         )
+
+
+def _param_sites(spec: CheckedSpec) -> dict[str, str]:
+    """Each param's declaration as " (file.attn:line)", for the generated module's errors."""
+    return {
+        stmt.name.name: f" ({spec.spec.filename}:{stmt.span.line})"
+        for stmt in spec.spec.statements
+        if isinstance(stmt, ast.ParamStmt)
+    }
 
 
 def _plain_eager(tensors: Iterable[Any]) -> bool:

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+import attncc
 from attncc.reference import reference
+from attncc.runtime.kernel import Kernel
 
-from ._support import compiled
+from ._support import compiled, example_path
 
 # Triton 3.6's interpreter calls int() on one-element arrays (deprecated since NumPy 1.25)
 # thousands of times per test; the warning is Triton's, not attncc's.
@@ -172,3 +174,73 @@ def test_int_param_by_name() -> None:
 
 def test_int64_and_int32_ids_agree() -> None:
     assert torch.equal(doc(X, X, X, DOC), doc(X, X, X, DOC.long()))
+
+
+# ------------------------------------------------------------- params: missing, positional
+# A param without a default, not passed, once raised a bare KeyError: 'cap' from the launch.
+
+SOFTCAP_WITHOUT_DEFAULT = (
+    example_path("softcap").read_text().replace("param cap: f32 = 30", "param cap: f32")
+)
+CAP_LINE = 1 + SOFTCAP_WITHOUT_DEFAULT.splitlines().index("param cap: f32")
+
+
+@pytest.fixture(scope="module")
+def no_default(tmp_path_factory: pytest.TempPathFactory) -> Kernel:
+    path = tmp_path_factory.mktemp("specs") / "softcap_no_default.attn"
+    path.write_text(SOFTCAP_WITHOUT_DEFAULT)
+    return attncc.compile(path)
+
+
+def test_a_param_without_default_must_be_passed(no_default: Kernel) -> None:
+    site = f"softcap_no_default.attn:{CAP_LINE})"
+    words = ("param 'cap' (", site, "has no default; pass cap=...")
+    expect_clear_error(lambda: no_default(X, X, X), TypeError, words)
+    expect_clear_error(lambda: no_default(X, X, X, cap=None), TypeError, words)
+    expect_clear_error(lambda: no_default._op(X, X, X, None, None), TypeError, words)
+    expect_clear_error(lambda: no_default(X, X, X, scale=0.5), TypeError, words)
+    capped = no_default(X, X, X, cap=2.0)
+    exact = reference(no_default.spec)(X, X, X, cap=2.0)
+    np.testing.assert_allclose(capped.numpy(), exact, rtol=1e-4, atol=1e-5)
+
+
+def test_a_param_without_default_in_spec_text() -> None:
+    kernel = attncc.compile(SOFTCAP_WITHOUT_DEFAULT)
+    expect_clear_error(
+        lambda: kernel(X, X, X), TypeError, (f"param 'cap' (<spec>:{CAP_LINE}) has no default",)
+    )
+
+
+MORE_ARGUMENT_CASES = [
+    pytest.param(
+        lambda: window(X, X, X, 0.5),
+        TypeError,
+        ("takes 3 inputs (q, k, v), got 4", "params go by name (scale=..., window=...)"),
+        id="param by position",
+    ),
+    pytest.param(
+        lambda: gqa(Q, K, V, 0.5, return_lse=True),
+        TypeError,
+        ("got 4", "params go by name (scale=...)"),
+        id="param by position with return_lse",
+    ),
+    pytest.param(
+        lambda: window(X, X, X, window="3"),
+        TypeError,
+        ("'window'", "i32", "'3'"),
+        id="i32 param given a string",
+    ),
+    pytest.param(
+        lambda: window(X, X, X, widow=3),
+        TypeError,
+        ("unexpected argument 'widow'", "window"),
+        id="misspelt param",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "kind", "words"), MORE_ARGUMENT_CASES)
+def test_more_wrong_arguments(
+    call: Callable[[], Any], kind: type[Exception], words: tuple[str, ...]
+) -> None:
+    expect_clear_error(call, kind, words)
