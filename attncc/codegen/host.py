@@ -59,6 +59,7 @@ def tables(k: ir.AttentionKernel) -> dict[str, Any]:
     return {
         "derived_dims": [{"name": d, "value": cx.host_expr(v, "sizes")} for d, v in k.derived_dims],
         "inputs": inputs,
+        "operands": [t.name for t in k.tensors if t.role != "aux"],
         "params": params,
         "dims": list(k.dims),
         "subscript_checks": subscript_checks(k),
