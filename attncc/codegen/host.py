@@ -52,6 +52,7 @@ def tables(k: ir.AttentionKernel) -> dict[str, Any]:
             "name": p.name,
             "kind": p.type,
             "default": cx.host_expr(p.default, "dims", "params") if p.default is not None else None,
+            "default_text": expr_str(p.default) if p.default is not None else None,
         }
         for p in k.params
     ]

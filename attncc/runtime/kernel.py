@@ -87,6 +87,10 @@ class Kernel:
         return tuple(p.name for p in self.ir.params)
 
     def __call__(self, *args: Any, return_lse: bool = False, **kwargs: Any) -> Any:
+        if type(return_lse) is not bool:  # "no" would be truthy
+            raise TypeError(
+                f"attncc {self.name}: return_lse must be True or False, got {return_lse!r}"
+            )
         tensors, params = self._host._bind(args, kwargs)
         if _plain_eager(tensors.values()):
             # the torch op's dispatch costs ~50 us a call (measured on an H200,

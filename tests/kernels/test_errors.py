@@ -244,3 +244,76 @@ def test_more_wrong_arguments(
     call: Callable[[], Any], kind: type[Exception], words: tuple[str, ...]
 ) -> None:
     expect_clear_error(call, kind, words)
+
+
+# ------------------------------------------------------------------- empty and odd tensors
+
+EMPTY_SIZES = [
+    pytest.param((0, 4, 2, 5, 5), id="B=0"),
+    pytest.param((1, 4, 2, 0, 5), id="M=0"),
+    pytest.param((1, 4, 2, 5, 0), id="N=0"),
+    pytest.param((1, 0, 2, 5, 5), id="H=0"),
+]
+
+
+@pytest.mark.parametrize("schedule", ["fused", "naive", "split_kv"])
+@pytest.mark.parametrize("sizes", EMPTY_SIZES)
+def test_empty_dims_give_empty_or_keyless_results(sizes: tuple[int, ...], schedule: str) -> None:
+    """No keys: output 0 and log-sum-exp -inf (the convention of a fully masked row); no rows:
+    empty results. Never NaN, never a launch error."""
+    b, h, kvh, m, n = sizes
+    kernel = compiled("gqa_causal", schedule)
+    q, k, v = randn(b, h, m, 16, seed=1), randn(b, kvh, n, 16, seed=2), randn(b, kvh, n, 16, seed=3)
+    out, lse = kernel(q, k, v, return_lse=True)
+    assert out.shape == (b, h, m, 16) and lse.shape == (b, h, m)
+    if h == 0:  # (the reference divides by H / KVH = 0 in the spec's `let`)
+        return
+    exact_out, exact_lse = reference(kernel.spec)(q, k, v, return_lse=True)
+    np.testing.assert_array_equal(out.numpy(), exact_out)
+    np.testing.assert_array_equal(lse.numpy(), exact_lse)
+
+
+def test_a_default_without_a_value_for_these_sizes() -> None:
+    """A head dim of 0 leaves 1 / sqrt(D) without a value (once a bare ZeroDivisionError);
+    with the scale given, the call has an answer: an empty output, lse = log(visible keys)."""
+    q, k, v = randn(1, 4, 5, 0, seed=1), randn(1, 2, 5, 0, seed=2), randn(1, 2, 5, 0, seed=3)
+    words = ("param 'scale' = 1 / sqrt(D) has no value for", "D=0", "pass scale=...")
+    expect_clear_error(lambda: gqa(q, k, v), ValueError, words)
+    out, lse = gqa(q, k, v, scale=1.0, return_lse=True)
+    exact_out, exact_lse = reference(gqa.spec)(q, k, v, scale=1.0, return_lse=True)
+    assert out.shape == exact_out.shape == (1, 4, 5, 0)
+    np.testing.assert_allclose(lse.numpy(), exact_lse, rtol=1e-6)
+
+
+ODD_TENSOR_CASES = [
+    pytest.param(lambda: gqa(Q > 0, K, V), TypeError, ("'q'", "torch.bool"), id="bool q"),
+    pytest.param(
+        lambda: gqa(Q.to(torch.complex64), K, V), TypeError, ("'q'", "complex64"), id="complex q"
+    ),
+    pytest.param(
+        lambda: gqa(torch.tensor(1.0), K, V),
+        ValueError,
+        ("'q'", "4 dims", "got shape ()"),
+        id="0-d q",
+    ),
+    pytest.param(lambda: gqa([1.0], K, V), TypeError, ("'q'", "torch.Tensor", "list"), id="list"),
+    pytest.param(
+        lambda: gqa(randn(1, 0, 6, 16), K[:, :0], V[:, :0]),
+        ValueError,
+        ("H (0) must be a multiple of KVH (0)",),
+        id="no kv heads",
+    ),
+    pytest.param(
+        lambda: gqa(Q, K, V, return_lse="no"),
+        TypeError,
+        ("return_lse must be True or False", "'no'"),
+        id="return_lse not a bool",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "kind", "words"), ODD_TENSOR_CASES)
+def test_odd_tensors_raise_a_clear_error(
+    call: Callable[[], Any], kind: type[Exception], words: tuple[str, ...]
+) -> None:
+    expect_clear_error(call, kind, words)
