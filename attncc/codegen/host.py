@@ -52,6 +52,7 @@ def tables(k: ir.AttentionKernel) -> dict[str, Any]:
             "name": p.name,
             "kind": p.type,
             "default": cx.host_expr(p.default, "dims", "params") if p.default is not None else None,
+            "default_text": expr_str(p.default) if p.default is not None else None,
         }
         for p in k.params
     ]
@@ -59,6 +60,7 @@ def tables(k: ir.AttentionKernel) -> dict[str, Any]:
     return {
         "derived_dims": [{"name": d, "value": cx.host_expr(v, "sizes")} for d, v in k.derived_dims],
         "inputs": inputs,
+        "operands": [t.name for t in k.tensors if t.role != "aux"],
         "params": params,
         "dims": list(k.dims),
         "subscript_checks": subscript_checks(k),

@@ -20,7 +20,7 @@ from attncc.ir.nodes import AttentionKernel
 from attncc.runtime import op as op_registry
 from attncc.runtime.autotune import Tuner
 from attncc.runtime.jit import interpreter, load_module, module_path
-from attncc.spec import CheckedSpec
+from attncc.spec import CheckedSpec, ast
 
 
 @dataclass
@@ -49,18 +49,25 @@ class Kernel:
     _host: ModuleType = field(init=False, repr=False)
     _op: Any = field(init=False, repr=False)
     _fallback_kernel: Kernel | None = field(init=False, default=None, repr=False)
+    _param_sites: dict[str, str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.path = module_path(self.name, self.host_source or self.source)
         self.tuner = Tuner(self.ir, self.path.stem)
+        self._param_sites = _param_sites(self.spec)
         # loaded now, not on first call: torch.compile cannot trace a module import
-        self._host = load_module(self.path, interpreted=False)
+        self._host = self.module(interpreted=False)
         key = self.path.stem.rsplit("_", 1)[-1][:12]
         self._op = op_registry.register(self.ir, key, self._run, self._fake)
 
     def module(self, interpreted: bool) -> ModuleType:
         # a CUDA host module has no interpreted variant: it refuses CPU tensors itself
-        return load_module(self.path, interpreted and self.target == "triton")
+        module = load_module(self.path, interpreted and self.target == "triton")
+        # the module's errors name a param's declaration (file:line), which its source,
+        # shared by every file with the same spec text, does not hold
+        if getattr(module, "_PARAM_SITES", None) is not self._param_sites:
+            setattr(module, "_PARAM_SITES", self._param_sites)  # noqa: B010 - generated module
+        return module
 
     def param_defaults(self, sizes: dict[str, int]) -> dict[str, Any]:
         """The value of every param with a default, for these dim sizes."""
@@ -80,6 +87,10 @@ class Kernel:
         return tuple(p.name for p in self.ir.params)
 
     def __call__(self, *args: Any, return_lse: bool = False, **kwargs: Any) -> Any:
+        if type(return_lse) is not bool:  # "no" would be truthy
+            raise TypeError(
+                f"attncc {self.name}: return_lse must be True or False, got {return_lse!r}"
+            )
         tensors, params = self._host._bind(args, kwargs)
         if _plain_eager(tensors.values()):
             # the torch op's dispatch costs ~50 us a call (measured on an H200,
@@ -169,10 +180,21 @@ class Kernel:
         )
 
 
+def _param_sites(spec: CheckedSpec) -> dict[str, str]:
+    """Each param's declaration as " (file.attn:line)", for the generated module's errors."""
+    return {
+        stmt.name.name: f" ({spec.spec.filename}:{stmt.span.line})"
+        for stmt in spec.spec.statements
+        if isinstance(stmt, ast.ParamStmt)
+    }
+
+
 def _plain_eager(tensors: Iterable[Any]) -> bool:
     """Whether a call may skip the torch op: not traced (torch.compile, export), no dispatch
     mode (FakeTensorMode, ...), plain tensors (no subclasses, fake or functional tensors) and
-    no autograd (the op gives the clear "autograd not implemented" error)."""
+    nothing for autograd to record (the op's autograd kernel refuses inputs that require
+    grad, with grad mode on, as ``Kernel.__call__`` does on this path: no backward yet)."""
     if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
         return False
-    return all(type(t) is torch.Tensor and not t.requires_grad for t in tensors)
+    grad = torch.is_grad_enabled()
+    return all(type(t) is torch.Tensor and not (grad and t.requires_grad) for t in tensors)

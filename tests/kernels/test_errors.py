@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+import attncc
 from attncc.reference import reference
+from attncc.runtime.kernel import Kernel
 
-from ._support import compiled
+from ._support import compiled, example_path
 
 # Triton 3.6's interpreter calls int() on one-element arrays (deprecated since NumPy 1.25)
 # thousands of times per test; the warning is Triton's, not attncc's.
@@ -172,3 +174,146 @@ def test_int_param_by_name() -> None:
 
 def test_int64_and_int32_ids_agree() -> None:
     assert torch.equal(doc(X, X, X, DOC), doc(X, X, X, DOC.long()))
+
+
+# ------------------------------------------------------------- params: missing, positional
+# A param without a default, not passed, once raised a bare KeyError: 'cap' from the launch.
+
+SOFTCAP_WITHOUT_DEFAULT = (
+    example_path("softcap").read_text().replace("param cap: f32 = 30", "param cap: f32")
+)
+CAP_LINE = 1 + SOFTCAP_WITHOUT_DEFAULT.splitlines().index("param cap: f32")
+
+
+@pytest.fixture(scope="module")
+def no_default(tmp_path_factory: pytest.TempPathFactory) -> Kernel:
+    path = tmp_path_factory.mktemp("specs") / "softcap_no_default.attn"
+    path.write_text(SOFTCAP_WITHOUT_DEFAULT)
+    return attncc.compile(path)
+
+
+def test_a_param_without_default_must_be_passed(no_default: Kernel) -> None:
+    site = f"softcap_no_default.attn:{CAP_LINE})"
+    words = ("param 'cap' (", site, "has no default; pass cap=...")
+    expect_clear_error(lambda: no_default(X, X, X), TypeError, words)
+    expect_clear_error(lambda: no_default(X, X, X, cap=None), TypeError, words)
+    expect_clear_error(lambda: no_default._op(X, X, X, None, None), TypeError, words)
+    expect_clear_error(lambda: no_default(X, X, X, scale=0.5), TypeError, words)
+    capped = no_default(X, X, X, cap=2.0)
+    exact = reference(no_default.spec)(X, X, X, cap=2.0)
+    np.testing.assert_allclose(capped.numpy(), exact, rtol=1e-4, atol=1e-5)
+
+
+def test_a_param_without_default_in_spec_text() -> None:
+    kernel = attncc.compile(SOFTCAP_WITHOUT_DEFAULT)
+    expect_clear_error(
+        lambda: kernel(X, X, X), TypeError, (f"param 'cap' (<spec>:{CAP_LINE}) has no default",)
+    )
+
+
+MORE_ARGUMENT_CASES = [
+    pytest.param(
+        lambda: window(X, X, X, 0.5),
+        TypeError,
+        ("takes 3 inputs (q, k, v), got 4", "params go by name (scale=..., window=...)"),
+        id="param by position",
+    ),
+    pytest.param(
+        lambda: gqa(Q, K, V, 0.5, return_lse=True),
+        TypeError,
+        ("got 4", "params go by name (scale=...)"),
+        id="param by position with return_lse",
+    ),
+    pytest.param(
+        lambda: window(X, X, X, window="3"),
+        TypeError,
+        ("'window'", "i32", "'3'"),
+        id="i32 param given a string",
+    ),
+    pytest.param(
+        lambda: window(X, X, X, widow=3),
+        TypeError,
+        ("unexpected argument 'widow'", "window"),
+        id="misspelt param",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "kind", "words"), MORE_ARGUMENT_CASES)
+def test_more_wrong_arguments(
+    call: Callable[[], Any], kind: type[Exception], words: tuple[str, ...]
+) -> None:
+    expect_clear_error(call, kind, words)
+
+
+# ------------------------------------------------------------------- empty and odd tensors
+
+EMPTY_SIZES = [
+    pytest.param((0, 4, 2, 5, 5), id="B=0"),
+    pytest.param((1, 4, 2, 0, 5), id="M=0"),
+    pytest.param((1, 4, 2, 5, 0), id="N=0"),
+    pytest.param((1, 0, 2, 5, 5), id="H=0"),
+]
+
+
+@pytest.mark.parametrize("schedule", ["fused", "naive", "split_kv"])
+@pytest.mark.parametrize("sizes", EMPTY_SIZES)
+def test_empty_dims_give_empty_or_keyless_results(sizes: tuple[int, ...], schedule: str) -> None:
+    """No keys: output 0 and log-sum-exp -inf (the convention of a fully masked row); no rows:
+    empty results. Never NaN, never a launch error."""
+    b, h, kvh, m, n = sizes
+    kernel = compiled("gqa_causal", schedule)
+    q, k, v = randn(b, h, m, 16, seed=1), randn(b, kvh, n, 16, seed=2), randn(b, kvh, n, 16, seed=3)
+    out, lse = kernel(q, k, v, return_lse=True)
+    assert out.shape == (b, h, m, 16) and lse.shape == (b, h, m)
+    if h == 0:  # (the reference divides by H / KVH = 0 in the spec's `let`)
+        return
+    exact_out, exact_lse = reference(kernel.spec)(q, k, v, return_lse=True)
+    np.testing.assert_array_equal(out.numpy(), exact_out)
+    np.testing.assert_array_equal(lse.numpy(), exact_lse)
+
+
+def test_a_default_without_a_value_for_these_sizes() -> None:
+    """A head dim of 0 leaves 1 / sqrt(D) without a value (once a bare ZeroDivisionError);
+    with the scale given, the call has an answer: an empty output, lse = log(visible keys)."""
+    q, k, v = randn(1, 4, 5, 0, seed=1), randn(1, 2, 5, 0, seed=2), randn(1, 2, 5, 0, seed=3)
+    words = ("param 'scale' = 1 / sqrt(D) has no value for", "D=0", "pass scale=...")
+    expect_clear_error(lambda: gqa(q, k, v), ValueError, words)
+    out, lse = gqa(q, k, v, scale=1.0, return_lse=True)
+    exact_out, exact_lse = reference(gqa.spec)(q, k, v, scale=1.0, return_lse=True)
+    assert out.shape == exact_out.shape == (1, 4, 5, 0)
+    np.testing.assert_allclose(lse.numpy(), exact_lse, rtol=1e-6)
+
+
+ODD_TENSOR_CASES = [
+    pytest.param(lambda: gqa(Q > 0, K, V), TypeError, ("'q'", "torch.bool"), id="bool q"),
+    pytest.param(
+        lambda: gqa(Q.to(torch.complex64), K, V), TypeError, ("'q'", "complex64"), id="complex q"
+    ),
+    pytest.param(
+        lambda: gqa(torch.tensor(1.0), K, V),
+        ValueError,
+        ("'q'", "4 dims", "got shape ()"),
+        id="0-d q",
+    ),
+    pytest.param(lambda: gqa([1.0], K, V), TypeError, ("'q'", "torch.Tensor", "list"), id="list"),
+    pytest.param(
+        lambda: gqa(randn(1, 0, 6, 16), K[:, :0], V[:, :0]),
+        ValueError,
+        ("H (0) must be a multiple of KVH (0)",),
+        id="no kv heads",
+    ),
+    pytest.param(
+        lambda: gqa(Q, K, V, return_lse="no"),
+        TypeError,
+        ("return_lse must be True or False", "'no'"),
+        id="return_lse not a bool",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "kind", "words"), ODD_TENSOR_CASES)
+def test_odd_tensors_raise_a_clear_error(
+    call: Callable[[], Any], kind: type[Exception], words: tuple[str, ...]
+) -> None:
+    expect_clear_error(call, kind, words)

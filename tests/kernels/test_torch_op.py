@@ -166,5 +166,77 @@ def test_traced_fake_and_autograd_calls_go_through_the_op(monkeypatch: pytest.Mo
         out = kernel(*fake)
     assert spy.calls == 1 and out.shape == (1, 2, 20, 16)
     q, k, v = qkv()
-    kernel(q.requires_grad_(), k, v)
+    with pytest.raises(NotImplementedError, match="no backward yet"):
+        kernel(q.requires_grad_(), k, v)
     assert spy.calls == 2
+
+
+# ------------------------------------------------------------------- autograd: no backward yet
+# Once, a call on inputs requiring grad returned an output that required grad; backward()
+# ran and left every .grad None (PyTorch's autograd fallback only warned). Until the kernels
+# have a backward, such calls are refused at call time, before launching.
+
+NO_BACKWARD = (
+    r"attncc causal: no backward yet, but input 'q' requires grad; "
+    r"call the kernel under torch\.no_grad\(\)"
+)
+
+
+class LaunchSpy:
+    def __init__(self, kernel: attncc.Kernel) -> None:
+        self.launch, self.calls = kernel._launch, 0
+
+    def __call__(self, *args: object) -> object:
+        self.calls += 1
+        return self.launch(*args)  # type: ignore[arg-type]
+
+
+def test_inputs_requiring_grad_are_refused_before_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = compiled("causal", "fused")
+    spy = LaunchSpy(kernel)
+    monkeypatch.setattr(kernel, "_launch", spy)
+    q, k, v = qkv()
+    layer = torch.nn.Linear(16, 16)
+    with pytest.raises(NotImplementedError, match=NO_BACKWARD):
+        kernel(layer(q), k, v)  # a layer before the kernel: q has a grad_fn
+    with pytest.raises(NotImplementedError, match="inputs 'k', 'v' require grad"):
+        kernel(q, k.requires_grad_(), v=v.requires_grad_(), return_lse=True)
+    q, k, v = qkv()
+    with pytest.raises(NotImplementedError, match=NO_BACKWARD):  # the op called directly
+        kernel._op(q.requires_grad_(), k, v, None)
+    assert spy.calls == 0
+
+
+def test_grad_free_calls_on_inputs_requiring_grad_run() -> None:
+    kernel = compiled("causal", "fused")
+    q, k, v = qkv()
+    expected = kernel(q, k, v)
+    layer = torch.nn.Linear(16, 16)
+    with torch.no_grad():
+        layer.weight.copy_(torch.eye(16))
+        layer.bias.zero_()
+        out = kernel(layer(q), k.requires_grad_(), v)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    with torch.inference_mode():
+        out = kernel(q.requires_grad_(), k, v)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    with torch.no_grad():  # the op too
+        out, _ = kernel._op(q, k, v, None)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_compiled_calls_refuse_inputs_requiring_grad() -> None:
+    kernel = compiled("causal", "fused")
+    layer = torch.nn.Linear(16, 16)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return kernel(layer(q), k, v) + 1
+
+    compiled_fn = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    q, k, v = qkv()
+    # dynamo reports it as its own RuntimeError subclass, quoting the kernel's message
+    with pytest.raises(RuntimeError, match=NO_BACKWARD):
+        compiled_fn(q, k, v)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled_fn(q, k, v), fn(q, k, v), rtol=0, atol=0)
