@@ -16,7 +16,9 @@ from attncc.checking import cases, check_dims, check_params, draw_sizes, make_in
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # softcap without a default cap: every call must pass it
-NO_DEFAULT = (EXAMPLES / "softcap.attn").read_text().replace("param cap: f32 = 30", "param cap: f32")
+NO_DEFAULT = (
+    (EXAMPLES / "softcap.attn").read_text().replace("param cap: f32 = 30", "param cap: f32")
+)
 
 # keys and values of sequence b are rows start[b] .. start[b] + N - 1 of a packed pool of T rows
 PACKED = """\
@@ -110,7 +112,7 @@ def test_param_values_are_checked_against_the_spec() -> None:
     check_params(kernel, {"window": 4, "scale": 0.5})
     with pytest.raises(ValueError, match="no param 'cap'; its params: scale, window"):
         check_params(kernel, {"cap": 1.0})
-    with pytest.raises(ValueError, match="param window is i32: give an integer, not 2.5"):
+    with pytest.raises(ValueError, match=r"param window is i32: give an integer, not 2\.5"):
         check_params(kernel, {"window": 2.5})
 
 
@@ -214,3 +216,12 @@ def test_fixed_page_sizes_are_kept() -> None:
         sizes = draw_sizes(paged, rng, max_len=200, fixed={"PAGE": 16, "KVH": 2})
         assert sizes["PAGE"] == 16 and sizes["KVH"] == 2 and sizes["H"] % 2 == 0
         assert sizes["N"] == sizes["NP"] * 16
+
+
+def test_demo_draws_a_param_without_a_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its reference step called the spec without the param (TypeError)."""
+    assert cli.main(["demo", spec_file(tmp_path, NO_DEFAULT), "--trials", "1"]) == 0
+    out = capsys.readouterr().out
+    assert ", cap=" in out and out.rstrip().endswith("1 passed, 0 failed")

@@ -137,3 +137,16 @@ def test_check_on_cpu_resolves_auto_to_triton(
     out = capsys.readouterr().out
     assert "causal (fused, cpu):" in out  # no ", target cuda"
     assert out.rstrip().endswith("1 passed, 0 failed")
+
+
+def test_the_readme_names_every_flag_of_every_command() -> None:
+    """README's "Command line" section describes what the CLI takes."""
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    section = readme[readme.index("## Command line") : readme.index("## How it is built")]
+    sub = next(a for a in cli.parser()._actions if a.dest == "command")
+    for name, command in sub.choices.items():  # type: ignore[union-attr]
+        assert f"attncc {name} SPEC" in section, name
+        for action in command._actions:
+            flags = [f for f in action.option_strings if f not in ("-h", "--help")]
+            if flags:
+                assert any(f in section for f in flags), f"{name} {flags}"

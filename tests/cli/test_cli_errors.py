@@ -108,7 +108,7 @@ def test_usage_errors_are_one_line_and_exit_2(
     args: list[str], message: str, files: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = [files[a[5:]] if a.startswith("FILE:") else a for a in args]
-    code, out, err = run(args, capsys)
+    code, _, err = run(args, capsys)
     assert code == 2, err
     assert err.startswith("attncc: error: ") and err.count("\n") == 1, err
     assert message in err
