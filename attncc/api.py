@@ -52,7 +52,8 @@ def build(
     if target == "cuda" and (schedule or checked.schedule) == "naive":
         # refused before the passes run (the CUDA backend has no naive kernels)
         raise ValueError(
-            f"attncc {checked.name}: the cuda target has no naive schedule; use target 'triton'"
+            f"attncc {checked.name}: schedule 'naive' is not available for target cuda "
+            "(use schedule 'fused' or 'split_kv', or target 'triton')"
         )
     checked, kernel = optimise(checked, schedule, **options)
     target = resolve_target(target, kernel)
