@@ -48,7 +48,14 @@ def build(
     is the kernel source of the target (a Triton module, or CUDA C++); ``host`` the Python
     module a ``Kernel`` loads (for Triton the same text)."""
     check_target(target)  # before parsing: a typo should not wait for the passes
-    checked, kernel = optimise(spec, schedule, **options)
+    checked = load(spec)
+    if target == "cuda" and (schedule or checked.schedule) == "naive":
+        # refused before the passes run (the CUDA backend has no naive kernels)
+        raise ValueError(
+            f"attncc {checked.name}: schedule 'naive' is not available for target cuda "
+            "(use schedule 'fused' or 'split_kv', or target 'triton')"
+        )
+    checked, kernel = optimise(checked, schedule, **options)
     target = resolve_target(target, kernel)
     if target == "cuda":
         cuda = cuda_backend.render(kernel, checked.spec.source)

@@ -24,6 +24,7 @@ import functools
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -556,19 +557,28 @@ def main(args: argparse.Namespace) -> int:
     unknown = [a for a in against if a not in ANCHORS]
     if unknown:
         print(
-            f"attncc bench: unknown anchor {', '.join(unknown)}; choose from {', '.join(ANCHORS)}"
+            f"attncc: error: --against: unknown anchor {', '.join(unknown)}; "
+            f"choose from {', '.join(ANCHORS)}",
+            file=sys.stderr,
         )
         return 2
     if getattr(args, "page", 16) < 1:
-        print(f"attncc bench: --page must be at least 1 token, got {args.page}")
+        print(f"attncc: error: --page must be at least 1 token, got {args.page}", file=sys.stderr)
         return 2
     if getattr(args, "rounds", 2) < 1:
-        print(f"attncc bench: --rounds must be at least 1, got {args.rounds}")
+        print(f"attncc: error: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
+        return 2
+    try:
+        shapes = [Shape.parse(s) for s in args.shapes.split(";") if s] or None
+    except ValueError:
+        print(
+            f"attncc: error: --shapes: expected B,H,S,D or B,H:KVH,S,D;..., got {args.shapes!r}",
+            file=sys.stderr,
+        )
         return 2
     if not torch.cuda.is_available():
-        print("attncc bench: needs a CUDA GPU")
+        print("attncc: error: bench needs a CUDA GPU", file=sys.stderr)
         return 2
-    shapes = [Shape.parse(s) for s in args.shapes.split(";") if s] or None
     startup = Startup(0.0)
     target = getattr(args, "target", "auto")
     deadline = getattr(args, "deadline", None) or os.environ.get("ATTNCC_BENCH_DEADLINE")

@@ -2,12 +2,14 @@
 
 Used by ``attncc check`` and the test suites. Inputs are drawn fresh for every trial (never
 zeros), outputs are poisoned with NaN before the run so unwritten elements show, and the
-verdict follows ``attncc.tolerance``.
+verdict follows ``attncc.tolerance``. A trial whose kernel (or reference) raises is a failed
+result with the error, not the end of the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +18,7 @@ import torch
 
 from attncc.ir import nodes as ir
 from attncc.ir.nodes import AttentionKernel
+from attncc.ir.printer import expr_str as ir_str
 from attncc.ir.verify import subexprs
 from attncc.reference import Rounding, reference
 from attncc.runtime.kernel import Kernel
@@ -24,6 +27,13 @@ from attncc.tolerance import Verdict, compare
 from attncc.torch_eval import evaluate
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# an input declared with a dtype is drawn in it, whatever the trial's dtype for q, k and v
+DECLARED_DTYPES = {
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "f32": torch.float32,
+    "f64": torch.float64,
+}
 DTYPE_NAMES: dict[torch.dtype, Rounding] = {
     torch.float32: "float32",
     torch.float16: "float16",
@@ -31,6 +41,8 @@ DTYPE_NAMES: dict[torch.dtype, Rounding] = {
 }
 LAYOUTS = ("contiguous", "strided", "permuted")
 HEAD_DIMS = (16, 32, 40, 64, 80, 96, 128)
+TABLE_SIZES = (1, 64)  # a dim only sizes a table (buckets, a pool): 1..64 entries
+FLOAT_PARAM_RANGE = (0.1, 10.0)  # an f32 param without a default: log-uniform in here
 
 
 @dataclass(frozen=True)
@@ -46,13 +58,23 @@ class Case:
 
 @dataclass(frozen=True)
 class Result:
+    """The verdicts of one trial; ``error`` is set (and both verdicts fail) when the kernel
+    or the reference raised."""
+
     case: Case
     output: Verdict
     lse: Verdict
+    error: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.output.ok and self.lse.ok
+        return not self.error and self.output.ok and self.lse.ok
+
+    @staticmethod
+    def failed(case: Case, error: str) -> Result:
+        nan = float("nan")
+        verdict = Verdict(nan, nan, nan, nan, False, error)
+        return Result(case, verdict, verdict, error)
 
 
 def draw_sizes(
@@ -60,39 +82,66 @@ def draw_sizes(
     rng: np.random.Generator,
     max_len: int = 96,
     head_dims: Sequence[int] = HEAD_DIMS,
+    fixed: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
-    """Sizes for every dim: lengths 1..max_len (M != N allowed), head dims from ``head_dims``."""
-    sizes = {dim: int(rng.integers(1, 4)) for dim in kernel.dims}
+    """Sizes for every dim: lengths 1..max_len (M != N allowed), head dims from ``head_dims``,
+    batch and heads 1..3 (query heads a multiple of kv heads), page pools 1..63 pages; a dim
+    that sizes another tensor (a packed cache's tokens, a bucket table) holds every entry the
+    spec reads from it for these sizes, plus up to as many again, or 1..64 entries where the
+    reads cannot be bounded. ``fixed`` (validated by ``check_dims``) sets dims outright; the
+    random draws are the same with or without it."""
+    fixed = dict(fixed or {})
+    sizes: dict[str, int] = {}
+
+    def put(dim: str, value: int) -> None:
+        sizes[dim] = fixed.get(dim, value)
+
+    for dim in kernel.dims:
+        put(dim, int(rng.integers(1, 4)))
     for axis in kernel.batch_axes:
-        sizes[axis.dim] = int(rng.integers(1, 4))
-    sizes[kernel.key_axis.dim] = int(rng.integers(1, max_len + 1))
+        put(axis.dim, int(rng.integers(1, 4)))
+    put(kernel.key_axis.dim, int(rng.integers(1, max_len + 1)))
     if kernel.query_axis is not None and kernel.query_axis.dim != kernel.key_axis.dim:
-        sizes[kernel.query_axis.dim] = int(rng.integers(1, max_len + 1))
-    sizes[kernel.head_axis.dim] = int(rng.choice(list(head_dims)))
+        put(kernel.query_axis.dim, int(rng.integers(1, max_len + 1)))
+    put(kernel.head_axis.dim, int(rng.choice(list(head_dims))))
     if kernel.value_axis.dim != kernel.head_axis.dim:
-        sizes[kernel.value_axis.dim] = int(rng.choice(list(head_dims)))
+        put(kernel.value_axis.dim, int(rng.choice(list(head_dims))))
     if kernel.group is not None:
         kv = int(rng.integers(1, 3))
-        sizes[kernel.group.kv_dim] = kv
-        sizes[kernel.group.head.dim] = kv * int(rng.integers(1, 4))
+        ratio = int(rng.integers(1, 4))
+        heads, kv_heads = kernel.group.head.dim, kernel.group.kv_dim
+        if heads in fixed and kv_heads not in fixed:
+            kv = kv if fixed[heads] % kv == 0 else 1
+        kv = fixed.get(kv_heads, kv)
+        sizes[kv_heads] = kv
+        sizes[heads] = fixed.get(heads, kv * ratio)
     for dim in index_tensor_dims(kernel).values():
-        sizes[dim] = int(rng.integers(1, 64))  # a pool to pick from (pages)
-    derive_sizes(kernel, sizes, int(rng.integers(1, max_len + 1)), int(rng.integers(1, 18)))
+        put(dim, int(rng.integers(1, 64)))  # a pool to pick from (pages)
+    key_length, page = int(rng.integers(1, max_len + 1)), int(rng.integers(1, 18))
+    derive_sizes(kernel, sizes, key_length, page, fixed)
+    if _draw_table_dims(kernel, sizes, fixed, rng):
+        derive_sizes(kernel, sizes, key_length, page, fixed)  # a derived dim may use one
     if kernel.schedule == "split_kv" and kernel.query_axis is not None:
         # split-KV holds every (query head of a group, query) row in one tile: at most 128
         group = sizes[kernel.group.head.dim] // sizes[kernel.group.kv_dim] if kernel.group else 1
         query = kernel.query_axis.dim
-        sizes[query] = min(sizes[query], 128 // group)
-        if kernel.key_axis.dim == query:
-            sizes[kernel.key_axis.dim] = sizes[query]
+        if query not in fixed:
+            sizes[query] = min(sizes[query], 128 // group)
+            if kernel.key_axis.dim == query:
+                sizes[kernel.key_axis.dim] = sizes[query]
     return sizes
 
 
 def derive_sizes(
-    kernel: AttentionKernel, sizes: dict[str, int], key_length: int, page: int
+    kernel: AttentionKernel,
+    sizes: dict[str, int],
+    key_length: int,
+    page: int,
+    fixed: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Compute the derived dims into ``sizes``. A paged key axis ``N = NP * PAGE`` first gets
-    pages of ``page`` tokens, and pages enough for ``key_length`` keys."""
+    pages of ``page`` tokens, and pages enough for ``key_length`` keys (each unless ``fixed``)."""
+    fixed = fixed or {}
     for dim, value in kernel.derived_dims:
         if (
             dim == kernel.key_axis.dim
@@ -101,10 +150,151 @@ def derive_sizes(
             and isinstance(value.left, ir.Dim)
             and isinstance(value.right, ir.Dim)
         ):
-            sizes[value.right.name] = page
-            sizes[value.left.name] = -(-key_length // page)
+            sizes[value.right.name] = fixed.get(value.right.name, page)
+            pages = -(-key_length // sizes[value.right.name])
+            sizes[value.left.name] = fixed.get(value.left.name, pages)
         sizes[dim] = int(evaluate(value, {}, sizes, {}, {}))
     return sizes
+
+
+def _known_dims(kernel: AttentionKernel) -> set[str]:
+    """The dims ``draw_sizes`` draws by their role (axes, GQA, page pools, paged keys)."""
+    axes = [*kernel.batch_axes, kernel.key_axis, kernel.head_axis, kernel.value_axis]
+    known = {a.dim for a in axes}
+    if kernel.query_axis is not None:
+        known.add(kernel.query_axis.dim)
+    if kernel.group is not None:
+        known |= {kernel.group.head.dim, kernel.group.kv_dim}
+    known |= set(index_tensor_dims(kernel).values())
+    for dim, value in kernel.derived_dims:
+        known.add(dim)
+        if dim == kernel.key_axis.dim and isinstance(value, ir.BinOp):
+            known |= {e.name for e in (value.left, value.right) if isinstance(e, ir.Dim)}
+    return known
+
+
+def _subscripts(kernel: AttentionKernel) -> Iterator[tuple[str, ir.Expr]]:
+    """Every (dim, subscript expression) pair of every tensor read."""
+    for operand in (kernel.query, kernel.key, kernel.value):
+        yield from zip(kernel.tensor(operand.tensor).dims, operand.indices, strict=True)
+    for expr in (*kernel.score_mods, *kernel.masks):
+        for e in subexprs(expr):
+            if isinstance(e, ir.Load):
+                yield from zip(kernel.tensor(e.tensor).dims, e.indices, strict=True)
+
+
+def _draw_table_dims(
+    kernel: AttentionKernel,
+    sizes: dict[str, int],
+    fixed: Mapping[str, int],
+    rng: np.random.Generator,
+) -> bool:
+    """Size the dims no role covers (a packed cache's tokens, a bucket table's entries): at
+    least one past the largest subscript the spec reads them with (as ``make_inputs`` draws
+    integer inputs), plus up to as many again; 1..64 where a subscript cannot be bounded.
+    Drawn at 1..3 these passed a packed-cache spec whose reads never left the first rows."""
+    todo = [d for d in kernel.dims if d not in _known_dims(kernel) and d not in fixed]
+    if not todo:
+        return False
+    axes = [*kernel.batch_axes, kernel.key_axis, kernel.head_axis, kernel.value_axis]
+    if kernel.query_axis is not None:
+        axes.append(kernel.query_axis)
+    index_dims = {a.index: a.dim for a in axes}
+    key_size = sizes[kernel.key_axis.dim]
+    indexing = index_tensor_dims(kernel)
+    pending = set(todo)
+
+    def bounds(e: ir.Expr) -> tuple[int, int] | None:
+        """The integer range of ``e`` over these sizes and drawn inputs (None: unknown)."""
+        match e:
+            case ir.Const(value=value) if isinstance(value, int):
+                return value, value
+            case ir.Dim(name=name) if name not in pending:
+                return sizes[name], sizes[name]
+            case ir.Index(name=name) if name in index_dims and index_dims[name] not in pending:
+                return 0, sizes[index_dims[name]] - 1
+            case ir.Load(tensor=name) if name in indexing:
+                return 0, sizes[indexing[name]] - 1
+            case ir.Load(tensor=name) if kernel.tensor(name).dtype in ("i32", "i64"):
+                return 0, key_size
+            case ir.Unary(op="neg", operand=x):
+                r = bounds(x)
+                return None if r is None else (-r[1], -r[0])
+            case ir.BinOp(op=op, left=a, right=b) if op in ("+", "-", "*", "/", "%"):
+                ra, rb = bounds(a), bounds(b)
+                if ra is None or rb is None:
+                    return None
+                if op == "%":
+                    top = max(abs(rb[0]), abs(rb[1])) - 1
+                    return (0, min(ra[1], top)) if ra[0] >= 0 else (-top, top)
+                if op == "/" and rb[0] <= 0 <= rb[1]:
+                    return None
+                corners = [_int_op(op, x, y) for x in ra for y in rb]
+                return min(corners), max(corners)
+            case ir.Call(func=func, args=(a, b)) if func in ("min", "max"):
+                ra, rb = bounds(a), bounds(b)
+                if ra is None or rb is None:
+                    return None
+                pick = min if func == "min" else max
+                return pick(ra[0], rb[0]), pick(ra[1], rb[1])
+        return None
+
+    reads = list(_subscripts(kernel))
+    for dim in todo:
+        largest: list[tuple[int, int] | None] = [bounds(sub) for d, sub in reads if d == dim]
+        if largest and all(r is not None for r in largest):
+            need = max(r[1] for r in largest if r is not None) + 1
+            size = max(need, 1) + int(rng.integers(0, max(need, 1) + 1))
+        else:
+            size = int(rng.integers(TABLE_SIZES[0], TABLE_SIZES[1] + 1))
+        sizes[dim] = size
+        pending.discard(dim)
+    return True
+
+
+def _int_op(op: str, a: int, b: int) -> int:
+    """``a op b`` with the spec's integer semantics (division truncates toward zero)."""
+    if op == "/":
+        q = abs(a) // abs(b)
+        return q if (a >= 0) == (b >= 0) else -q
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def check_dims(kernel: AttentionKernel, dims: Mapping[str, int]) -> None:
+    """Raise ValueError unless ``dims`` can fix sizes of ``kernel``: declared, not derived,
+    at least 1, and query heads a multiple of kv heads."""
+    derived = dict(kernel.derived_dims)
+    for name, value in dims.items():
+        if name in derived:
+            raise ValueError(
+                f"dim {name} is derived ({name} = {ir_str(derived[name])}); "
+                "set the dims it is computed from"
+            )
+        if name not in kernel.dims:
+            raise ValueError(
+                f"{kernel.name} has no dim {name!r}; its dims are {', '.join(kernel.dims)}"
+            )
+        if value < 1:
+            raise ValueError(f"dim {name} must be at least 1, got {value}")
+    group = kernel.group
+    if group is not None and group.head.dim in dims and group.kv_dim in dims:
+        heads, kv_heads = dims[group.head.dim], dims[group.kv_dim]
+        if heads % kv_heads:
+            raise ValueError(
+                f"{group.head.dim}={heads} is not a multiple of {group.kv_dim}={kv_heads}"
+            )
+
+
+def check_params(kernel: AttentionKernel, params: Mapping[str, int | float]) -> None:
+    """Raise ValueError unless every name is a param of ``kernel`` and every ``i32`` param
+    gets an integer."""
+    types = {p.name: p for p in kernel.params}
+    for name, value in params.items():
+        if name not in types:
+            names = ", ".join(types) or "none"
+            raise ValueError(f"{kernel.name} has no param {name!r}; its params: {names}")
+        if types[name].type == "int" and not isinstance(value, int):
+            raise ValueError(f"param {name} is {types[name].dtype}: give an integer, not {value}")
 
 
 def index_tensor_dims(kernel: AttentionKernel) -> dict[str, str]:
@@ -150,7 +340,8 @@ def make_inputs(
     rng: np.random.Generator,
     layout: str = "contiguous",
 ) -> dict[str, torch.Tensor]:
-    """Random inputs: floats ~ N(0, 1); integers that index another tensor (page tables)
+    """Random inputs: floats ~ N(0, 1), in ``dtype`` unless declared in another (an `f32`
+    bias stays f32 beside bf16 q, k, v); integers that index another tensor (page tables)
     uniform over that dim; other integers sorted in [0, key length] along the last axis
     (document ids, cache lengths); booleans fair coins."""
     gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
@@ -169,10 +360,19 @@ def make_inputs(
         elif arg.dtype == "bool":
             tensor = torch.rand(shape, generator=gen) < 0.5
         else:
-            tensor = torch.randn(shape, generator=gen).to(dtype)
+            tensor = torch.randn(shape, generator=gen).to(DECLARED_DTYPES.get(arg.dtype, dtype))
             tensor = _layout(tensor, layout, rng)
         inputs[arg.name] = tensor.to(device)
     return inputs
+
+
+def operand_dtype(kernel: AttentionKernel) -> torch.dtype | None:
+    """The dtype q, k and v are declared in, if they are (None: `float`, any of them)."""
+    for operand in (kernel.query, kernel.key, kernel.value):
+        declared = DECLARED_DTYPES.get(kernel.tensor(operand.tensor).dtype)
+        if declared in DTYPE_NAMES:
+            return declared
+    return None
 
 
 def draw_params(
@@ -180,31 +380,74 @@ def draw_params(
     sizes: dict[str, int],
     defaults: dict[str, Any],
     rng: np.random.Generator,
+    names: Sequence[str] | None = None,
 ) -> dict[str, int | float]:
-    """Integer params across the key range (windows, prefixes); floats around their default."""
+    """Integer params across the key range (windows, prefixes); floats around their default,
+    or log-uniform over ``FLOAT_PARAM_RANGE`` without one. Only ``names`` when given."""
     key_size = sizes[kernel.key_axis.dim]
     params: dict[str, int | float] = {}
     for p in kernel.params:
+        if names is not None and p.name not in names:
+            continue
         if p.type == "int":
             params[p.name] = int(rng.integers(1, key_size + 2))
+        elif defaults.get(p.name) is not None:
+            params[p.name] = float(defaults[p.name] or 1.0) * float(rng.uniform(0.05, 2.0))
         else:
-            base = float(defaults.get(p.name) or 1.0)
-            params[p.name] = base * float(rng.uniform(0.05, 2.0))
+            low, high = (math.log(x) for x in FLOAT_PARAM_RANGE)
+            params[p.name] = math.exp(float(rng.uniform(low, high)))
     return params
+
+
+def param_defaults(
+    kernel: AttentionKernel, sizes: Mapping[str, int], given: Mapping[str, int | float]
+) -> dict[str, Any]:
+    """The value of every param with a default, for these sizes and the ``given`` params
+    (a default may use an earlier param, which may have none of its own)."""
+    values: dict[str, Any] = dict(given)
+    defaults: dict[str, Any] = {}
+    for p in kernel.params:
+        if p.name in values or p.default is None:
+            continue
+        try:
+            value = evaluate(p.default, {}, sizes, values, {})
+        except KeyError:  # uses a param not given: no default to draw around
+            continue
+        defaults[p.name] = values[p.name] = float(value) if p.type == "float" else int(value)
+    return defaults
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray[Any, Any]:
     return t.detach().to("cpu", torch.float64).numpy()
 
 
-def run_case(kernel: Kernel, case: Case, device: str, rng: np.random.Generator) -> Result:
+def _error_text(err: BaseException) -> str:
+    """One line: the exception's type and its message's first line."""
+    message = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {message[0]}" if message else type(err).__name__
+
+
+def run_case(
+    kernel: Kernel, case: Case, device: str, rng: np.random.Generator, raise_errors: bool = False
+) -> Result:
+    """One trial. An exception of the kernel or the reference is a failed ``Result`` naming
+    it (``raise_errors``: raised, for its traceback)."""
     inputs = make_inputs(kernel.ir, case.sizes, case.dtype, device, rng, case.layout)
-    out, lse = kernel(**inputs, **case.params, return_lse=True)
-    exact_fn = reference(kernel.spec)
-    naive_fn = reference(kernel.spec, rounding=DTYPE_NAMES[case.dtype])
-    host = {k: v.cpu() for k, v in inputs.items()}
-    exact_out, exact_lse = exact_fn(**host, **case.params, return_lse=True)
-    naive_out, naive_lse = naive_fn(**host, **case.params, return_lse=True)
+    # the reference first: it refuses reads outside a tensor (a pool fixed too small), which
+    # the kernel would make unchecked (on a GPU, a fault that ends every later trial too)
+    stage = "reference: "
+    try:
+        exact_fn = reference(kernel.spec)
+        naive_fn = reference(kernel.spec, rounding=DTYPE_NAMES[case.dtype])
+        host = {k: v.cpu() for k, v in inputs.items()}
+        exact_out, exact_lse = exact_fn(**host, **case.params, return_lse=True)
+        naive_out, naive_lse = naive_fn(**host, **case.params, return_lse=True)
+        stage = ""
+        out, lse = kernel(**inputs, **case.params, return_lse=True)
+    except Exception as err:
+        if raise_errors:
+            raise
+        return Result.failed(case, stage + _error_text(err))
     dtype = DTYPE_NAMES[case.dtype]
     return Result(
         case,
@@ -218,17 +461,27 @@ def cases(
     trials: int,
     seed: int,
     dtypes: Sequence[torch.dtype],
-    defaults_of: Any,
     max_len: int = 96,
+    dims: Mapping[str, int] | None = None,
+    params: Mapping[str, int | float] | None = None,
 ) -> Iterator[Case]:
-    """``trials`` random cases; the first keeps param defaults, the rest draw params."""
+    """``trials`` random cases; the first keeps param defaults, the rest draw params. Params
+    without a default are drawn in every case; ``dims`` and ``params`` are fixed in all. q, k
+    and v declared in one dtype are drawn in it, whatever ``dtypes`` says."""
     rng = np.random.default_rng(seed)
+    fixed = dict(params or {})
+    required = [p.name for p in kernel.params if p.default is None and p.name not in fixed]
+    declared = operand_dtype(kernel)
     for trial in range(trials):
-        sizes = draw_sizes(kernel, rng, max_len)
-        params = {} if trial == 0 else draw_params(kernel, sizes, defaults_of(sizes), rng)
-        dtype = dtypes[trial % len(dtypes)]
+        sizes = draw_sizes(kernel, rng, max_len, fixed=dims)
+        if trial == 0:
+            drawn = draw_params(kernel, sizes, {}, rng, required) if required else {}
+        else:
+            defaults = param_defaults(kernel, sizes, fixed)
+            drawn = draw_params(kernel, sizes, defaults, rng)
+        dtype = declared or dtypes[trial % len(dtypes)]
         layout = LAYOUTS[trial % len(LAYOUTS)]
-        yield Case(sizes, dtype, layout, params)
+        yield Case(sizes, dtype, layout, {**drawn, **fixed})
 
 
 def check(
@@ -238,14 +491,22 @@ def check(
     device: str = "cpu",
     dtypes: Sequence[torch.dtype] = (torch.float32, torch.float16, torch.bfloat16),
     max_len: int = 96,
+    dims: Mapping[str, int] | None = None,
+    params: Mapping[str, int | float] | None = None,
+    raise_errors: bool = False,
 ) -> list[Result]:
-    """Run ``trials`` random cases on ``device``; every result carries its verdicts."""
+    """Run ``trials`` random cases on ``device``; every result carries its verdicts. ``dims``
+    and ``params`` fix sizes and params in every case (ValueError unless ``check_dims`` and
+    ``check_params`` accept them); a trial that raises is a failed result unless
+    ``raise_errors``."""
+    check_dims(kernel.ir, dims or {})
+    check_params(kernel.ir, params or {})
     kernel.poison_outputs(True)
     try:
         rng = np.random.default_rng(seed + 1)
         return [
-            run_case(kernel, case, device, rng)
-            for case in cases(kernel.ir, trials, seed, dtypes, kernel.param_defaults, max_len)
+            run_case(kernel, case, device, rng, raise_errors)
+            for case in cases(kernel.ir, trials, seed, dtypes, max_len, dims, params)
         ]
     finally:
         kernel.poison_outputs(False)
@@ -255,16 +516,19 @@ def table(results: Sequence[Result]) -> str:
     rows = [("shape", "dtype", "layout", "params", "error", "bound", "lse error", "verdict")]
     for r in results:
         params = ",".join(f"{k}={v:.3g}" for k, v in r.case.params.items()) or "defaults"
+        numbers = (
+            ("-", "-", "-")
+            if r.error
+            else (f"{r.output.error:.2e}", f"{r.output.bound:.2e}", f"{r.lse.error:.2e}")
+        )
+        verdict = (
+            f"error: {r.error}"
+            if r.error
+            else "ok"
+            if r.ok
+            else f"FAIL ({r.output.reason or r.lse.reason})"
+        )
         rows.append(
-            (
-                r.case.describe(),
-                DTYPE_NAMES[r.case.dtype],
-                r.case.layout,
-                params,
-                f"{r.output.error:.2e}",
-                f"{r.output.bound:.2e}",
-                f"{r.lse.error:.2e}",
-                "ok" if r.ok else f"FAIL ({r.output.reason or r.lse.reason})",
-            )
+            (r.case.describe(), DTYPE_NAMES[r.case.dtype], r.case.layout, params, *numbers, verdict)
         )
     return format_table(rows)
