@@ -22,6 +22,7 @@ from attncc.codegen import cuda_wgmma, host, plan, templating
 from attncc.codegen import exprs as cx
 from attncc.ir import nodes as ir
 from attncc.passes.schedule import group_subscript
+from attncc.spec import ast
 
 CUDA_TEMPLATE_DIR = templating.TEMPLATES / "cuda"
 # head dims are padded to one of these (tensor-core tiles need multiples of 16; the
@@ -41,9 +42,10 @@ class Rendered:
 
 
 class _Context:
-    def __init__(self, kernel: ir.AttentionKernel, source_text: str) -> None:
+    def __init__(self, kernel: ir.AttentionKernel, spec: ast.Spec | str) -> None:
         self.k = kernel
-        self.source_text = source_text
+        self.source_text = spec if isinstance(spec, str) else spec.source
+        self.spec_lines = plan.spec_lines(None if isinstance(spec, str) else spec)
         self.tensors = {t.name: t for t in kernel.tensors}
         self.query = kernel.query_axis.index if kernel.query_axis else None
         self.key = kernel.key_axis.index
@@ -492,6 +494,7 @@ class _Context:
             "max_queries": k.split_max_queries,
             "split_only": k.schedule == "split_kv",
             "padded_head_dims": list(PADDED_HEAD_DIMS),
+            "fast_division": bool(plan.divisor_dims(k)),
             "output": {
                 "dims": list(k.output.dims),
                 "lse_dims": [a.dim for a in k.batch_axes] + ([query.dim] if query else []),
@@ -508,14 +511,16 @@ def render_wgmma_probe() -> str:
     )
 
 
-def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:
-    """The CUDA source and the host module for ``kernel``; the entry is named like the spec."""
+def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
+    """The CUDA source and the host module for ``kernel``; the entry is named like the spec.
+    ``spec`` is the parsed spec (its statements' lines go into comments beside the code that
+    implements them), or only its text (no statement comments)."""
     if kernel.schedule == "naive":
         raise ValueError(
             f"attncc {kernel.name}: schedule 'naive' is not available for target cuda "
             "(use schedule 'fused' or 'split_kv', or target 'triton')"
         )
-    context = _Context(kernel, source_text)
+    context = _Context(kernel, spec)
     values = context.values()
     env = environment()
     source = env.get_template("kernels.cu.jinja").render(**values)
