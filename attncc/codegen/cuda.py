@@ -241,6 +241,7 @@ class _Context:
             "mask_partial": mask_partial,
             "mask_full": mask_full,
             "bounds": self.bounds(split),
+            "spec": self.spec_lines,
         }
 
     @staticmethod
@@ -438,6 +439,32 @@ class _Context:
             axes[name] = [operand.tensor, kinds.index("key"), kinds.index("col")]
         return axes
 
+    def contents(self, split: dict[str, Any] | None, tile_index: bool) -> list[str]:
+        """Comment lines saying what the CUDA source holds and which ATTNCC_* macros (set
+        per call by the host module's _defines) select each kernel."""
+        name = self.name
+        lines = [
+            "This file holds, in order (the host module compiles it with NVRTC per call shape,",
+            "selecting kernels with the ATTNCC_* macros below):",
+            "  device helpers: conversions, mma.sync / ldmatrix / cp.async, wgmma, TMA",
+        ]
+        if self.k.schedule != "split_kv":
+            lines += [
+                f"  attncc_{name}_fwd: fused attention on tensor cores (ATTNCC_MMA 1), as",
+                "    ATTNCC_WGMMA 2: sm_90a wgmma, warp-specialised and pipelined,",
+                "    ATTNCC_WGMMA 1: sm_90a wgmma, one block a query tile,",
+                "    ATTNCC_WGMMA 0: mma.sync (sm_80+; head dims past 128, other GPUs)",
+            ]
+            if tile_index:
+                lines.append(f"  attncc_{name}_tile_index: the key-tile index ATTNCC_WGMMA 2 walks")
+            lines.append(f"  attncc_{name}_rows: fused attention for fp32 inputs (ATTNCC_MMA 0)")
+        if split is not None:
+            lines += [
+                f"  {split['split_fn']}: split-KV on tensor cores (decode, few queries)",
+                f"  {split['rows_split_fn']} and {split['combine_fn']}: split-KV for fp32",
+            ]
+        return lines
+
     def values(self) -> dict[str, Any]:
         k = self.k
         decls, host_args = self.kernel_params()
@@ -448,6 +475,7 @@ class _Context:
         group = k.group
         return {
             "header": host.header(k, self.source_text),
+            "contents": self.contents(split, fused["tile_index"] is not None),
             "name": self.name,
             "doc": host.doc(k),
             "fused_fn": f"attncc_{self.name}_fwd",
@@ -495,6 +523,7 @@ class _Context:
             "split_only": k.schedule == "split_kv",
             "padded_head_dims": list(PADDED_HEAD_DIMS),
             "fast_division": bool(plan.divisor_dims(k)),
+            "uses_tanh": "tanh" in plan.functions_used(k),
             "output": {
                 "dims": list(k.output.dims),
                 "lse_dims": [a.dim for a in k.batch_axes] + ([query.dim] if query else []),
@@ -507,7 +536,9 @@ def render_wgmma_probe() -> str:
     """The CUDA source of the Hopper primitives' probe kernel ``attncc_wgmma_probe``
     (templates/cuda/wgmma_probe.cu.jinja; compile for sm_90a)."""
     return str(
-        environment().get_template("wgmma_probe.cu.jinja").render(wgmma=cuda_wgmma.instructions())
+        environment()
+        .get_template("wgmma_probe.cu.jinja")
+        .render(wgmma=cuda_wgmma.instructions(), uses_tanh=False, fast_division=False)
     )
 
 

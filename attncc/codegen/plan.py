@@ -265,13 +265,15 @@ def always(
 _COMMENT_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\\]")
 
 
-def comment_text(text: str) -> str:
+def comment_text(text: str, collapse: bool = True) -> str:
     """``text`` made safe inside a one-line comment (``# ...`` or ``// ...``) of either
     backend: line breaks and other control characters become spaces, backslashes (a C++
     line splice at a line's end) slashes, ``??`` (the trigraph of a backslash) ``? ?``; runs
-    of spaces collapse. Spec text reaches generated code only through this."""
+    of spaces collapse unless ``collapse`` is false (the spec's listing keeps its layout).
+    Spec text reaches generated code only through this."""
     text = _COMMENT_BREAKS.sub(lambda m: "/" if m.group() == "\\" else " ", text)
-    return " ".join(text.replace("??", "? ?").split())
+    text = text.replace("??", "? ?")
+    return " ".join(text.split()) if collapse else text.rstrip()
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,11 +295,13 @@ def spec_lines(spec: ast.Spec | None) -> SpecLines:
     """Where each kind of statement of ``spec`` sits, for the comments of generated code."""
     if spec is None:
         return SpecLines()
-    lines = spec.source.splitlines()
+    # spans count lines as the parser does: at "\n" only (str.splitlines breaks at more)
+    lines = spec.source.split("\n")
     # the file's name only: generated code must not depend on where the spec was read from
     filename = comment_text(PurePath(spec.filename).name)
     out_names = {s.name.name for s in spec.statements if isinstance(s, ast.OutStmt)}
-    found: dict[str, list[str]] = {k: [] for k in ("scores", "masks", "softmax", "output", "indexing")}
+    roles = ("scores", "masks", "softmax", "output", "indexing")
+    found: dict[str, list[str]] = {role: [] for role in roles}
     for stmt in spec.statements:
         span = stmt.span
         text = " ".join(lines[span.line - 1 : span.end_line])

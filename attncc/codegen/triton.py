@@ -341,7 +341,7 @@ class _Context:
         elif split is not None and split["only"]:
             lines.append(f"  _launch_split and {split['kernel_fn']}: every call splits the keys")
         else:
-            lines.append(f"  _launch and _attncc_{name}_fwd: fused attention, one pass over K and V")
+            lines.append(f"  _launch and _attncc_{name}_fwd: fused attention, one pass over K, V")
             if tile_index:
                 lines.append("  _tile_index: the lists of partial and full key tiles it walks")
             if split is not None:
