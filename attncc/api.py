@@ -58,9 +58,9 @@ def build(
     checked, kernel = optimise(checked, schedule, **options)
     target = resolve_target(target, kernel)
     if target == "cuda":
-        cuda = cuda_backend.render(kernel, checked.spec.source)
+        cuda = cuda_backend.render(kernel, checked.spec)
         return Built(checked, kernel, cuda.source, cuda.entry, cuda.host, target)
-    rendered = triton_backend.render(kernel, checked.spec.source)
+    rendered = triton_backend.render(kernel, checked.spec)
     return Built(checked, kernel, rendered.source, rendered.entry, rendered.source, target)
 
 

@@ -22,6 +22,7 @@ from attncc.codegen import cuda_wgmma, host, plan, templating
 from attncc.codegen import exprs as cx
 from attncc.ir import nodes as ir
 from attncc.passes.schedule import group_subscript
+from attncc.spec import ast
 
 CUDA_TEMPLATE_DIR = templating.TEMPLATES / "cuda"
 # head dims are padded to one of these (tensor-core tiles need multiples of 16; the
@@ -41,9 +42,10 @@ class Rendered:
 
 
 class _Context:
-    def __init__(self, kernel: ir.AttentionKernel, source_text: str) -> None:
+    def __init__(self, kernel: ir.AttentionKernel, spec: ast.Spec | str) -> None:
         self.k = kernel
-        self.source_text = source_text
+        self.source_text = spec if isinstance(spec, str) else spec.source
+        self.spec_lines = plan.spec_lines(None if isinstance(spec, str) else spec)
         self.tensors = {t.name: t for t in kernel.tensors}
         self.query = kernel.query_axis.index if kernel.query_axis else None
         self.key = kernel.key_axis.index
@@ -239,6 +241,7 @@ class _Context:
             "mask_partial": mask_partial,
             "mask_full": mask_full,
             "bounds": self.bounds(split),
+            "spec": self.spec_lines,
         }
 
     @staticmethod
@@ -436,6 +439,32 @@ class _Context:
             axes[name] = [operand.tensor, kinds.index("key"), kinds.index("col")]
         return axes
 
+    def contents(self, split: dict[str, Any] | None, tile_index: bool) -> list[str]:
+        """Comment lines saying what the CUDA source holds and which ATTNCC_* macros (set
+        per call by the host module's _defines) select each kernel."""
+        name = self.name
+        lines = [
+            "This file holds, in order (the host module compiles it with NVRTC per call shape,",
+            "selecting kernels with the ATTNCC_* macros below):",
+            "  device helpers: conversions, mma.sync / ldmatrix / cp.async, wgmma, TMA",
+        ]
+        if self.k.schedule != "split_kv":
+            lines += [
+                f"  attncc_{name}_fwd: fused attention on tensor cores (ATTNCC_MMA 1), as",
+                "    ATTNCC_WGMMA 2: sm_90a wgmma, warp-specialised and pipelined,",
+                "    ATTNCC_WGMMA 1: sm_90a wgmma, one block a query tile,",
+                "    ATTNCC_WGMMA 0: mma.sync (sm_80+; head dims past 128, other GPUs)",
+            ]
+            if tile_index:
+                lines.append(f"  attncc_{name}_tile_index: the key-tile index ATTNCC_WGMMA 2 walks")
+            lines.append(f"  attncc_{name}_rows: fused attention for fp32 inputs (ATTNCC_MMA 0)")
+        if split is not None:
+            lines += [
+                f"  {split['split_fn']}: split-KV on tensor cores (decode, few queries)",
+                f"  {split['rows_split_fn']} and {split['combine_fn']}: split-KV for fp32",
+            ]
+        return lines
+
     def values(self) -> dict[str, Any]:
         k = self.k
         decls, host_args = self.kernel_params()
@@ -446,6 +475,7 @@ class _Context:
         group = k.group
         return {
             "header": host.header(k, self.source_text),
+            "contents": self.contents(split, fused["tile_index"] is not None),
             "name": self.name,
             "doc": host.doc(k),
             "fused_fn": f"attncc_{self.name}_fwd",
@@ -492,6 +522,8 @@ class _Context:
             "max_queries": k.split_max_queries,
             "split_only": k.schedule == "split_kv",
             "padded_head_dims": list(PADDED_HEAD_DIMS),
+            "fast_division": bool(plan.divisor_dims(k)),
+            "uses_tanh": "tanh" in plan.functions_used(k),
             "output": {
                 "dims": list(k.output.dims),
                 "lse_dims": [a.dim for a in k.batch_axes] + ([query.dim] if query else []),
@@ -504,18 +536,22 @@ def render_wgmma_probe() -> str:
     """The CUDA source of the Hopper primitives' probe kernel ``attncc_wgmma_probe``
     (templates/cuda/wgmma_probe.cu.jinja; compile for sm_90a)."""
     return str(
-        environment().get_template("wgmma_probe.cu.jinja").render(wgmma=cuda_wgmma.instructions())
+        environment()
+        .get_template("wgmma_probe.cu.jinja")
+        .render(wgmma=cuda_wgmma.instructions(), uses_tanh=False, fast_division=False)
     )
 
 
-def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:
-    """The CUDA source and the host module for ``kernel``; the entry is named like the spec."""
+def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
+    """The CUDA source and the host module for ``kernel``; the entry is named like the spec.
+    ``spec`` is the parsed spec (its statements' lines go into comments beside the code that
+    implements them), or only its text (no statement comments)."""
     if kernel.schedule == "naive":
         raise ValueError(
             f"attncc {kernel.name}: schedule 'naive' is not available for target cuda "
             "(use schedule 'fused' or 'split_kv', or target 'triton')"
         )
-    context = _Context(kernel, source_text)
+    context = _Context(kernel, spec)
     values = context.values()
     env = environment()
     source = env.get_template("kernels.cu.jinja").render(**values)

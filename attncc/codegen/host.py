@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from attncc.codegen import exprs as cx
+from attncc.codegen.plan import comment_text
 from attncc.ir import nodes as ir
 from attncc.ir.printer import expr_str
 from attncc.ir.verify import indices_of, subexprs
@@ -86,5 +87,8 @@ def header(k: ir.AttentionKernel, source_text: str) -> list[str]:
         "",
         "Spec:",
     ]
-    lines += [f"    {line}" for line in source_text.rstrip().splitlines()]
+    # spec text goes into comments: nothing in it may end one (plan.comment_text)
+    lines += [
+        f"    {comment_text(line, collapse=False)}" for line in source_text.rstrip().splitlines()
+    ]
     return lines

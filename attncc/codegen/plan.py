@@ -6,8 +6,10 @@ The Triton and CUDA backends render these into their own syntax; neither re-deri
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, is_dataclass
+from pathlib import PurePath
 from typing import Literal
 
 from attncc.codegen.exprs import (
@@ -21,6 +23,7 @@ from attncc.codegen.exprs import (
 )
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of
+from attncc.spec import ast
 
 PartKind = Literal["row", "col", "key", "replaced", "gather", "base"]
 
@@ -138,6 +141,26 @@ def launch_args(kernel: ir.AttentionKernel) -> list[LaunchArg]:
     return args
 
 
+def arg_lines(args: list[LaunchArg], texts: list[str]) -> list[str]:
+    """``texts`` (one per argument of ``args``) joined a group to a line, for reading: a
+    tensor's pointer with its strides, then the dims, the divisors and the params."""
+    lines: list[list[str]] = []
+    previous: ArgSource | None = None
+    for arg, text in zip(args, texts, strict=True):
+        starts = arg.type == "pointer" or (arg.source != previous and arg.source != "stride")
+        if starts or not lines:
+            lines.append([])
+        lines[-1].append(text)
+        previous = arg.source
+    return [", ".join(line) for line in lines]
+
+
+def functions_used(kernel: ir.AttentionKernel) -> frozenset[str]:
+    """The spec functions (``tanh``, ``exp``, ...) the kernel's expressions call: a backend
+    emits a device helper only for the functions that need one and are called."""
+    return frozenset(e.func for e in _expressions(kernel) if isinstance(e, ir.Call))
+
+
 def divisor_dims(kernel: ir.AttentionKernel) -> tuple[str, ...]:
     """Dims some expression of the kernel divides by with ``fast_division``: each gets a
     magic multiplier and a shift argument."""
@@ -235,3 +258,66 @@ def always(
         ">": f"{row_lo} > {key_hi}",
         ">=": f"{row_lo} >= {key_hi}",
     }[op]
+
+
+# Characters that end a line for Python's or C++'s tokenizer, or for an editor (str.splitlines),
+# and the C++ line splice: none of them may reach a one-line comment.
+_COMMENT_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\\]")
+
+
+def comment_text(text: str, collapse: bool = True) -> str:
+    """``text`` made safe inside a one-line comment (``# ...`` or ``// ...``) of either
+    backend: line breaks and other control characters become spaces, backslashes (a C++
+    line splice at a line's end) slashes, ``??`` (the trigraph of a backslash) ``? ?``; runs
+    of spaces collapse unless ``collapse`` is false (the spec's listing keeps its layout).
+    Spec text reaches generated code only through this."""
+    text = _COMMENT_BREAKS.sub(lambda m: "/" if m.group() == "\\" else " ", text)
+    text = text.replace("??", "? ?")
+    return " ".join(text.split()) if collapse else text.rstrip()
+
+
+@dataclass(frozen=True, slots=True)
+class SpecLines:
+    """The spec statements each block of a generated kernel implements, as comment text
+    (``causal.attn:9: mask m >= n``, made safe by ``comment_text``): the score definitions
+    and modifications, the masks, the softmax, the output contraction, and the ``let`` and
+    ``view`` lines that index K and V. Empty lists where the spec has none (or no spec AST
+    was given)."""
+
+    scores: tuple[str, ...] = ()
+    masks: tuple[str, ...] = ()
+    softmax: tuple[str, ...] = ()
+    output: tuple[str, ...] = ()
+    indexing: tuple[str, ...] = ()
+
+
+def spec_lines(spec: ast.Spec | None) -> SpecLines:
+    """Where each kind of statement of ``spec`` sits, for the comments of generated code."""
+    if spec is None:
+        return SpecLines()
+    # spans count lines as the parser does: at "\n" only (str.splitlines breaks at more)
+    lines = spec.source.split("\n")
+    # the file's name only: generated code must not depend on where the spec was read from
+    filename = comment_text(PurePath(spec.filename).name)
+    out_names = {s.name.name for s in spec.statements if isinstance(s, ast.OutStmt)}
+    roles = ("scores", "masks", "softmax", "output", "indexing")
+    found: dict[str, list[str]] = {role: [] for role in roles}
+    for stmt in spec.statements:
+        span = stmt.span
+        text = " ".join(lines[span.line - 1 : span.end_line])
+        if span.line == span.end_line:
+            text = lines[span.line - 1][span.column - 1 : span.end_column - 1]
+        cited = f"{filename}:{span.line}: {comment_text(text)}"
+        if isinstance(stmt, ast.MaskStmt):
+            found["masks"].append(cited)
+        elif isinstance(stmt, ast.LetStmt | ast.ViewStmt):
+            found["indexing"].append(cited)
+        elif isinstance(stmt, ast.AssignStmt):
+            value = stmt.value
+            if isinstance(value, ast.Call) and value.func.name == "softmax":
+                found["softmax"].append(cited)
+            elif stmt.target.name in out_names:
+                found["output"].append(cited)
+            else:
+                found["scores"].append(cited)
+    return SpecLines(**{k: tuple(v) for k, v in found.items()})

@@ -16,6 +16,7 @@ from attncc.codegen import host, plan, templating
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of, subexprs
 from attncc.passes.schedule import group_subscript
+from attncc.spec import ast
 
 TEMPLATE_DIR = templating.TEMPLATES / "triton"
 LOG2E = 1.4426950408889634
@@ -60,9 +61,10 @@ def _value_range(values: str, expr: str, exact: bool, axis: int, lo: str, hi: st
 
 
 class _Context:
-    def __init__(self, kernel: ir.AttentionKernel, source_text: str) -> None:
+    def __init__(self, kernel: ir.AttentionKernel, spec: ast.Spec | str) -> None:
         self.k = kernel
-        self.source_text = source_text
+        self.source_text = spec if isinstance(spec, str) else spec.source
+        self.spec_lines = plan.spec_lines(None if isinstance(spec, str) else spec)
         self.tensors = {t.name: t for t in kernel.tensors}
         self.query = kernel.query_axis.index if kernel.query_axis else None
         self.key = kernel.key_axis.index
@@ -306,6 +308,7 @@ class _Context:
             "mask_all": _and(masks) or "True",
             "residual_mask": _and(residual),
             "bounded_keys": plan.bounds_read_tensors(mask_plan),
+            "spec": self.spec_lines,
         }
 
     def score_lines(self, env: cx.TritonEnv | None = None) -> tuple[list[str], list[str]]:
@@ -325,6 +328,29 @@ class _Context:
         names = [a.var for a in args]
         host = [f"{a.type}({a.host})" if a.source == "param" else a.host for a in args]
         return names, host
+
+    def contents(self, tile_index: bool, split: dict[str, Any] | None) -> list[str]:
+        """Comment lines saying what the module holds, in the order it holds them."""
+        name = cx.safe_name(self.k.name)
+        lines = [
+            "This module holds, in order:",
+            f"  {name}(): the entry point; checks the inputs and calls _launch",
+        ]
+        if self.k.schedule == "naive":
+            lines.append("  _launch and the kernels of the materialised schedule")
+        elif split is not None and split["only"]:
+            lines.append(f"  _launch_split and {split['kernel_fn']}: every call splits the keys")
+        else:
+            lines.append(f"  _launch and _attncc_{name}_fwd: fused attention, one pass over K, V")
+            if tile_index:
+                lines.append("  _tile_index: the lists of partial and full key tiles it walks")
+            if split is not None:
+                lines.append(
+                    f"  _launch_split and {split['kernel_fn']}: calls of at most "
+                    f"{split['max_queries']} queries split the keys instead"
+                )
+        lines.append("  host helpers (argument checks, launch configurations), device helpers")
+        return lines
 
     def runtime_ints(self, extra: tuple[str, ...] = ()) -> list[str]:
         """Integer kernel parameters Triton must not specialize on: batch and head counts,
@@ -477,6 +503,8 @@ class _Context:
         v_parts = self.kv_operand(k.value, k.value_axis.index, scalars)
         kernel_params, launch_args = self.kernel_params()
         tile_index = self.tile_index()
+        split = self.split()
+        args = plan.launch_args(k)
         o, lse = self.output()
         env = self.env()
         query = k.query_axis
@@ -487,6 +515,13 @@ class _Context:
             "doc": self.doc(),
             "kernel_fn": f"_attncc_{cx.safe_name(k.name)}_fwd",
             "kernel_params": kernel_params,
+            "kernel_param_lines": plan.arg_lines(args, kernel_params),
+            "launch_arg_lines": plan.arg_lines(args, launch_args),
+            "contents": self.contents(tile_index is not None, split),
+            "spec_lines": self.spec_lines,
+            "uses_tma": bool(k_parts["tma"] and v_parts["tma"]),
+            "uses_tanh": "tanh" in plan.functions_used(k),
+            "fast_division": bool(plan.divisor_dims(k)),
             "runtime_ints": self.runtime_ints(("KEY_TILES",) if tile_index else ()),
             "launch_args": launch_args,
             "batch_lines": self.batch_lines(),
@@ -507,7 +542,8 @@ class _Context:
             "prologue_lines": prologue,
             "loop": self.loop(env, k_parts, v_parts, descriptors=True),
             "tile_index": tile_index,
-            "bounds": self.bounds(),
+            # without a lower bound no key tile precedes the mask-free band
+            "bounds": {**self.bounds(), "lower_bounded": bool(k.mask_plan.lower)},
             "output": {
                 "dims": list(k.output.dims),
                 "lse_dims": [a.dim for a in k.batch_axes] + ([query.dim] if query else []),
@@ -525,14 +561,16 @@ class _Context:
                 }
                 for max_head_dim, c in k.tiling.rules
             ],
-            "split": self.split(),
+            "split": split,
             **self.host_tables(),
         }
 
 
-def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:
-    """Generated module source for ``kernel``; its entry point is named like the spec."""
-    context = _Context(kernel, source_text)
+def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
+    """Generated module source for ``kernel``; its entry point is named like the spec.
+    ``spec`` is the parsed spec (its statements' lines go into comments beside the code that
+    implements them), or only its text (no statement comments)."""
+    context = _Context(kernel, spec)
     template = {
         "fused": "fused.py.jinja",
         "naive": "naive.py.jinja",

@@ -203,3 +203,39 @@ def test_sizes_are_runtime_values_in_every_triton_kernel(name: str) -> None:
             assert (f'"d_{dim}"' in opts) == (dim not in lengths), (fn, dim, opts)
         if name == "sliding_window":
             assert '"p_window"' in opts, (fn, opts)
+
+
+HOSTILE_SPEC = (
+    "# a comment ending in a line splice \\\n"
+    "attention hostile   # form feed \x0c, line separator \u2028, trigraph ??/\n"
+    "dims  B, H, M, N, D\n"
+    "in    q[B, H, M, D]\n"
+    "in    k[B, H, N, D]\n"
+    "in    v[B, H, N, D]\n"
+    "param scale: f32 = 1 / sqrt(D)\n"
+    "s[b, h, m, n] = q[b, h, m, d] * k[b, h, n, d] * scale   # */ \\\n"
+    "mask m >= n\n"
+    "p = softmax(s, n)\n"
+    "o[b, h, m, d] = p[b, h, m, n] * v[b, h, n, d]\n"
+    "out o\n"
+)
+
+
+@pytest.mark.parametrize("target", ["triton", "cuda"])
+def test_spec_text_cannot_leave_its_comments(target: str) -> None:
+    """Spec text reaches generated code only as one-line comments: no line break (for
+    Python's tokenizer, C++'s or an editor's), no C++ line splice or its trigraph survives."""
+    built = build(HOSTILE_SPEC, target=target)
+    marker = "//" if target == "cuda" else "#"
+    lines = built.source.split("\n")
+    assert len(lines) == len(built.source.splitlines()) + (built.source.endswith("\n"))
+    for line in lines:
+        if "splice" in line or "form feed" in line or "*/" in line or "softmax(s, n)" in line:
+            assert line.lstrip().startswith(marker), line
+        assert not line.rstrip().endswith("\\"), line
+        assert "??/" not in line, line
+    # the statements' own lines are cited beside the code (file name <spec> for text specs)
+    marker_line = f"{marker} <spec>:9: mask m >= n"
+    assert any(line.strip() == marker_line for line in lines)
+    if target == "triton":
+        compile(built.source, "hostile.py", "exec")
