@@ -108,17 +108,18 @@ require_all(_TRITON_FUNCS, "Triton expressions")
 
 
 def _triton_pow(a: str, b: str) -> str:
-    """C's ``pow`` from exp2 and log2: 1 for b == 0 or a == 1; for a < 0 and an integer b,
-    |a|^b, negated when b is odd; otherwise exp2(b * log2(a)), NaN for a < 0 (log2 of a
-    negative) as C's pow for a fractional b."""
-    magnitude = f"tl.exp2(({b}) * tl.log2(tl.abs({a})))"
-    plain = f"tl.exp2(({b}) * tl.log2({a}))"
-    integral = f"(tl.floor({b}) == ({b}))"
-    odd = f"(tl.floor(({b}) * 0.5) * 2.0 != ({b}))"
-    signed = f"tl.where({odd}, -{magnitude}, {magnitude})"
-    # nested wheres, not & and |: either side may be a Python bool when b is a literal
-    general = f"tl.where(({a}) < 0.0, tl.where({integral}, {signed}, {plain}), {plain})"
-    return f"tl.where(({b}) == 0.0, 1.0, tl.where(({a}) == 1.0, 1.0, {general}))"
+    """C's ``pow`` through the ``_pow`` device helper. A helper, not an inline expression: the
+    special cases read each argument eight times, so nested calls grew the source 8x a level.
+    A literal argument becomes a float32 scalar tensor: Triton passes a Python float to a
+    ``@triton.jit`` callee as a constexpr, which ``tl.floor`` and ``tl.log2`` refuse."""
+    return f"_pow({_scalar_tensor(a)}, {_scalar_tensor(b)})"
+
+
+def _scalar_tensor(text: str) -> str:
+    try:
+        return f"tl.full((), {float(text)!r}, tl.float32)"
+    except ValueError:
+        return text
 
 
 _HOST_FUNCS: dict[str, Callable[..., str]] = {

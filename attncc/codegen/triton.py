@@ -521,6 +521,7 @@ class _Context:
             "spec_lines": self.spec_lines,
             "uses_tma": bool(k_parts["tma"] and v_parts["tma"]),
             "uses_tanh": "tanh" in plan.functions_used(k),
+            "uses_pow": "pow" in plan.functions_used(k),
             "fast_division": bool(plan.divisor_dims(k)),
             "runtime_ints": self.runtime_ints(("KEY_TILES",) if tile_index else ()),
             "launch_args": launch_args,

@@ -105,3 +105,19 @@ def test_cross_attention_example_of_the_docs_runs() -> None:
     inputs = {n: t.to(DEVICE) for n, t in inputs.items()}
     out, lse, _, _ = evaluate(kernel, inputs, {}, torch.float32)
     assert out.ok and lse.ok, (out, lse)
+
+
+def test_nested_pow_source_grows_linearly_and_runs() -> None:
+    """pow's special cases read each argument several times: written inline, five nested
+    calls rendered 8^5 copies of the innermost score. A device helper keeps one copy."""
+    term = "pow(2.0, 0.5)"
+    for _ in range(5):
+        term = f"pow(abs(s) * 0.1 + {term}, 1.1)"
+    kernel = attncc.compile(SPEC.format(term=term), schedule="fused")
+    assert max(len(line) for line in kernel.source.splitlines()) < 1000
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=g) for _ in range(3))
+    inputs = {"q": q, "k": k, "v": v, "len": torch.tensor([2], dtype=torch.int32)}
+    inputs = {n: t.to(DEVICE) for n, t in inputs.items()}
+    out, lse, _, _ = evaluate(kernel, inputs, {}, torch.float32)
+    assert out.ok and lse.ok, (out, lse)
