@@ -28,6 +28,7 @@ from attncc.ir import lower
 from attncc.ir import nodes as ir
 from attncc.reference import _bind_sizes
 from attncc.spec import CheckedSpec, load
+from attncc.spec.check import dtype_type
 from attncc.torch_eval import evaluate
 
 __all__ = ["attention", "float_inputs", "reference_grads"]
@@ -35,7 +36,7 @@ __all__ = ["attention", "float_inputs", "reference_grads"]
 
 def float_inputs(kernel: ir.AttentionKernel) -> tuple[str, ...]:
     """Inputs that have gradients: the float ones (integer and bool inputs index or mask)."""
-    return tuple(t.name for t in kernel.tensors if t.dtype.startswith(("f", "bf")))
+    return tuple(t.name for t in kernel.tensors if dtype_type(t.dtype) == "float")
 
 
 def _sizes(checked: CheckedSpec, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
