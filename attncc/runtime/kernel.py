@@ -167,18 +167,25 @@ class Kernel:
 
     def _backward_args(
         self, args: tuple[Any, ...]
-    ) -> tuple[dict[str, Any], dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[
+        dict[str, Any], dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
+    ]:
         n, p = len(self.input_names), len(self.param_names)
         tensors = dict(zip(self.input_names, args[:n], strict=True))
         params = {
             k: v for k, v in zip(self.param_names, args[n : n + p], strict=True) if v is not None
         }
-        out, lse, grad_out = args[n + p :]
-        return tensors, params, out, lse, grad_out
+        out, lse, grad_out, grad_lse = args[n + p :]
+        return tensors, params, out, lse, grad_out, grad_lse
 
     def _backward_run(self, *args: Any) -> list[torch.Tensor]:
         assert isinstance(self._backward, autograd.Backward)
-        tensors, params, out, lse, grad_out = self._backward_args(args)
+        tensors, params, out, lse, grad_out, grad_lse = self._backward_args(args)
+        if bool((grad_lse != 0).any()):
+            raise NotImplementedError(
+                f"attncc {self.name}: gradients through the returned log-sum-exp are not "
+                "supported yet; detach it (lse.detach()) where it enters the loss"
+            )
         return self._backward.run(self._host, tensors, params, out, lse, grad_out)
 
     def _backward_fake(self, *args: Any) -> list[torch.Tensor]:

@@ -54,7 +54,7 @@ def no_backward_error(reason: str, inputs: list[str]) -> NotImplementedError:
 @dataclass(frozen=True)
 class BackwardOps:
     """A kernel's backward: ``run`` and ``fake`` take the forward's inputs and params, the
-    output, the log-sum-exp and the output's gradient, and return the gradients of the
+    output, the log-sum-exp and the gradients of both, and return the gradients of the
     inputs named ``floats`` (in that order)."""
 
     run: Callable[..., list[torch.Tensor]]
@@ -85,7 +85,8 @@ def _register_backward(kernel: AttentionKernel, op_name: str, ops: BackwardOps) 
     args = [f"Tensor t_{safe_name(t.name)}" for t in kernel.tensors]
     for p in kernel.params:
         args.append(f"{'float' if p.type == 'float' else 'int'}? p_{safe_name(p.name)}")
-    schema = f"({', '.join([*args, 'Tensor out', 'Tensor lse', 'Tensor grad_out'])}) -> Tensor[]"
+    args += ["Tensor out", "Tensor lse", "Tensor grad_out", "Tensor grad_lse"]
+    schema = f"({', '.join(args)}) -> Tensor[]"
     _LIBRARY.define(bwd_name + schema)  # type: ignore[no-untyped-call]
     _LIBRARY.impl(bwd_name, ops.run, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
     torch.library.register_fake(f"attncc::{bwd_name}", ops.fake, lib=_LIBRARY)
@@ -105,14 +106,12 @@ def _register_backward(kernel: AttentionKernel, op_name: str, ops: BackwardOps) 
 
     def backward(ctx: Any, grad_out: Any, grad_lse: Any) -> tuple[Any, ...]:
         *tensors, out, lse = ctx.saved_tensors
-        if grad_lse is not None and bool((grad_lse != 0).any()):
-            raise NotImplementedError(
-                f"attncc {kernel.name}: gradients through the returned log-sum-exp are not "
-                "supported yet; detach it (lse.detach()) where it enters the loss"
-            )
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        grads = bwd(*tensors, *ctx.params, out, lse, grad_out)
+        if grad_lse is None:
+            grad_lse = torch.zeros_like(lse)
+        # the op checks grad_lse (a data-dependent check a traced graph cannot hold)
+        grads = bwd(*tensors, *ctx.params, out, lse, grad_out, grad_lse)
         result: list[Any] = [None] * (inputs + params + 1)
         for name, grad in zip(ops.floats, grads, strict=True):
             if ctx.needs_input_grad[position[name]]:
