@@ -68,3 +68,31 @@ def compare(
     rms_bound = ERROR_FACTOR * float(np.sqrt(np.mean(naive_err**2))) + base
     ok = float(err.max()) <= bound and rms <= rms_bound
     return Verdict(float(err.max()), bound, rms, rms_bound, ok, "" if ok else "error above bound")
+
+
+# Gradients, as flash-attn's tests check them: the kernel's max error against float64 within
+# GRAD_ERROR_FACTOR times the max error of the same math done eagerly in the kernel's dtype
+# (attncc.reference_grad with dtype=...), plus the floor above for exact-zero cases.
+GRAD_ERROR_FACTOR = 3.0
+
+
+def compare_grad(
+    actual: npt.NDArray[np.float64],
+    exact: npt.NDArray[np.float64],
+    eager: npt.NDArray[np.float64],
+    dtype: str,
+) -> Verdict:
+    """A gradient ``actual`` against ``exact`` (float64), allowing what ``eager`` (the same
+    math in the kernel's dtype) misses by; any NaN or infinity fails."""
+    if actual.shape != exact.shape:
+        return Verdict(np.inf, 0.0, np.inf, 0.0, False, f"shape {actual.shape} != {exact.shape}")
+    if not np.isfinite(actual).all():
+        return Verdict(np.inf, 0.0, np.inf, 0.0, False, "NaN or infinity in the gradient")
+    if actual.size == 0:
+        return Verdict(0.0, 0.0, 0.0, 0.0, True)
+    err = np.abs(actual - exact)
+    eager_err = np.abs(eager - exact)
+    bound = GRAD_ERROR_FACTOR * float(eager_err.max()) + floor(dtype)
+    rms = float(np.sqrt(np.mean(err**2)))
+    ok = float(err.max()) <= bound
+    return Verdict(float(err.max()), bound, rms, bound, ok, "" if ok else "error above bound")

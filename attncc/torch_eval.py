@@ -72,7 +72,11 @@ def evaluate(
     params: Mapping[str, Any],
     tensors: Mapping[str, torch.Tensor],
     score: Any = None,
+    float_dtype: torch.dtype = torch.float32,
 ) -> Any:
+    """``expr`` with torch ops; int operands of float functions become ``float_dtype``
+    (float32, as in the kernels; float64 for the gradient reference)."""
+
     def ev(e: ir.Expr) -> Any:
         match e:
             case ir.Const(value=value):
@@ -97,9 +101,8 @@ def evaluate(
                 return _binary(op, ev(a), ev(b), integer)
             case ir.Call(func=func, args=args):
                 values = [_tensor(ev(a)) if func != "where" else ev(a) for a in args]
-                # int operands become float32 first, as in the kernels
                 values = [
-                    _tensor(v).to(torch.float32) if widen else v
+                    _tensor(v).to(float_dtype) if widen else v
                     for v, widen in zip(values, widened(func, [a.type for a in args]), strict=True)
                 ]
                 return _FUNCS[func](*values)

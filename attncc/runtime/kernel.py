@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from attncc.ir.nodes import AttentionKernel
+from attncc.runtime import autograd
 from attncc.runtime import op as op_registry
 from attncc.runtime.autotune import Tuner
 from attncc.runtime.jit import interpreter, load_module, module_path
@@ -50,6 +51,7 @@ class Kernel:
     _op: Any = field(init=False, repr=False)
     _fallback_kernel: Kernel | None = field(init=False, default=None, repr=False)
     _param_sites: dict[str, str] = field(init=False, repr=False)
+    _backward: autograd.Backward | str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.path = module_path(self.name, self.host_source or self.source)
@@ -58,7 +60,12 @@ class Kernel:
         # loaded now, not on first call: torch.compile cannot trace a module import
         self._host = self.module(interpreted=False)
         key = self.path.stem.rsplit("_", 1)[-1][:12]
-        self._op = op_registry.register(self.ir, key, self._run, self._fake)
+        self._backward = autograd.prepare(self.ir, self.spec.spec)
+        backward: op_registry.BackwardOps | str = self._backward  # type: ignore[assignment]
+        if isinstance(self._backward, autograd.Backward):
+            floats = self._backward.floats
+            backward = op_registry.BackwardOps(self._backward_run, self._backward_fake, floats)
+        self._op = op_registry.register(self.ir, key, self._run, self._fake, backward)
 
     def module(self, interpreted: bool) -> ModuleType:
         # a CUDA host module has no interpreted variant: it refuses CPU tensors itself
@@ -102,7 +109,9 @@ class Kernel:
         self._host._check(tensors, params)
         inputs = [tensors[name] for name in self.input_names]
         values = [params.get(name) for name in self.param_names]
-        out, lse = self._op(*inputs, *values, return_lse=return_lse)
+        # the backward recomputes probabilities from the forward's log-sum-exp
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        out, lse = self._op(*inputs, *values, return_lse=return_lse or grad)
         return (out, lse) if return_lse else out
 
     def backend_for(self, *args: Any, **kwargs: Any) -> str:
@@ -155,6 +164,34 @@ class Kernel:
             config = self.tuner.config(module, tensors, params, return_lse)
             out, lse = module._forward(tensors, params, return_lse, config)
         return out, lse
+
+    def _backward_args(
+        self, args: tuple[Any, ...]
+    ) -> tuple[
+        dict[str, Any], dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
+    ]:
+        n, p = len(self.input_names), len(self.param_names)
+        tensors = dict(zip(self.input_names, args[:n], strict=True))
+        params = {
+            k: v for k, v in zip(self.param_names, args[n : n + p], strict=True) if v is not None
+        }
+        out, lse, grad_out, grad_lse = args[n + p :]
+        return tensors, params, out, lse, grad_out, grad_lse
+
+    def _backward_run(self, *args: Any) -> list[torch.Tensor]:
+        assert isinstance(self._backward, autograd.Backward)
+        tensors, params, out, lse, grad_out, grad_lse = self._backward_args(args)
+        if bool((grad_lse != 0).any()):
+            raise NotImplementedError(
+                f"attncc {self.name}: gradients through the returned log-sum-exp are not "
+                "supported yet; detach it (lse.detach()) where it enters the loss"
+            )
+        return self._backward.run(self._host, tensors, params, out, lse, grad_out)
+
+    def _backward_fake(self, *args: Any) -> list[torch.Tensor]:
+        assert isinstance(self._backward, autograd.Backward)
+        tensors = self._backward_args(args)[0]
+        return [torch.empty_like(tensors[name]) for name in self._backward.floats]
 
     def _fallback_launch(
         self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool

@@ -3,16 +3,23 @@
 The op takes the inputs in declaration order, each param as an optional scalar (None means
 the spec's default) and ``return_lse``; it always returns ``(out, lse)``.
 
-The kernels have no backward yet. Without an autograd kernel of its own, a call on inputs
-that require grad would fall through to PyTorch's "autograd not implemented" fallback: the
-output requires grad, ``backward()`` runs, and every input's ``.grad`` stays None (only a
-UserWarning says so). The op's autograd kernel refuses such calls before launching instead;
-with grad mode off or no input requiring grad it passes straight through.
+Kernels with a backward (fused prefill, ``attncc.runtime.autograd``) register it with
+``torch.library.register_autograd``: the forward saves the inputs, the output and the
+log-sum-exp, and the backward is a second op, ``<name>_<key>_bwd``, returning the gradient of
+every float input, so ``torch.compile`` traces forward and backward whole.
+
+Kernels without one (split-KV, naive, specs whose derivative cannot be generated): without an
+autograd kernel of their own, a call on inputs that require grad would fall through to
+PyTorch's "autograd not implemented" fallback: the output requires grad, ``backward()`` runs,
+and every input's ``.grad`` stays None (only a UserWarning says so). The op's autograd kernel
+refuses such calls before launching instead, naming why there is no backward; with grad mode
+off or no input requiring grad it passes straight through.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,23 +40,35 @@ def _schema(kernel: AttentionKernel) -> str:
     return f"({', '.join(args)}) -> (Tensor, Tensor)"
 
 
-def no_backward_error(kernel_name: str, inputs: list[str]) -> NotImplementedError:
-    """The error of a call that autograd would have to differentiate through."""
+def no_backward_error(reason: str, inputs: list[str]) -> NotImplementedError:
+    """The error of a call that autograd would have to differentiate through; ``reason``
+    says why the kernel has no backward ("attncc NAME: no backward for this spec: ...")."""
     needs = ", ".join(f"'{name}'" for name in inputs)
     return NotImplementedError(
-        f"attncc {kernel_name}: no backward yet, but input{'s' if len(inputs) > 1 else ''} "
+        f"{reason}, but input{'s' if len(inputs) > 1 else ''} "
         f"{needs} require{'' if len(inputs) > 1 else 's'} grad; call the kernel under "
         "torch.no_grad() or torch.inference_mode(), or pass detached inputs"
     )
 
 
-def _refuse_autograd(kernel: AttentionKernel, op_name: str) -> Callable[..., Any]:
+@dataclass(frozen=True)
+class BackwardOps:
+    """A kernel's backward: ``run`` and ``fake`` take the forward's inputs and params, the
+    output, the log-sum-exp and the gradients of both, and return the gradients of the
+    inputs named ``floats`` (in that order)."""
+
+    run: Callable[..., list[torch.Tensor]]
+    fake: Callable[..., list[torch.Tensor]]
+    floats: tuple[str, ...]
+
+
+def _refuse_autograd(kernel: AttentionKernel, op_name: str, reason: str) -> Callable[..., Any]:
     names = [t.name for t in kernel.tensors]
 
     def autograd_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
             needs = [n for n, t in zip(names, args, strict=False) if t.requires_grad]
-            raise no_backward_error(kernel.name, needs)
+            raise no_backward_error(reason, needs)
         # as PyTorch's own autograd kernels do (torch/_library/autograd.py): run the kernels
         # below autograd with the keys this call already has
         with torch._C._AutoDispatchBelowAutograd():
@@ -59,20 +78,70 @@ def _refuse_autograd(kernel: AttentionKernel, op_name: str) -> Callable[..., Any
     return autograd_kernel
 
 
+def _register_backward(kernel: AttentionKernel, op_name: str, ops: BackwardOps) -> None:
+    count = inputs = len(kernel.tensors)
+    params = len(kernel.params)
+    bwd_name = f"{op_name}_bwd"
+    args = [f"Tensor t_{safe_name(t.name)}" for t in kernel.tensors]
+    for p in kernel.params:
+        args.append(f"{'float' if p.type == 'float' else 'int'}? p_{safe_name(p.name)}")
+    args += ["Tensor out", "Tensor lse", "Tensor grad_out", "Tensor grad_lse"]
+    schema = f"({', '.join(args)}) -> Tensor[]"
+    _LIBRARY.define(bwd_name + schema)  # type: ignore[no-untyped-call]
+    _LIBRARY.impl(bwd_name, ops.run, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+    torch.library.register_fake(f"attncc::{bwd_name}", ops.fake, lib=_LIBRARY)
+    bwd = getattr(torch.ops.attncc, bwd_name).default
+    names = [t.name for t in kernel.tensors]
+    position = {name: names.index(name) for name in ops.floats}
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
+        out, lse = output
+        if lse.numel() == 0 and out.numel() != 0:
+            raise RuntimeError(
+                f"attncc {kernel.name}: the backward needs the forward's log-sum-exp; "
+                "call the kernel itself (it asks for it), not its op with return_lse=False"
+            )
+        ctx.save_for_backward(*inputs[:count], out, lse)
+        ctx.params = inputs[count : count + params]
+
+    def backward(ctx: Any, grad_out: Any, grad_lse: Any) -> tuple[Any, ...]:
+        *tensors, out, lse = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        if grad_lse is None:
+            grad_lse = torch.zeros_like(lse)
+        # the op checks grad_lse (a data-dependent check a traced graph cannot hold)
+        grads = bwd(*tensors, *ctx.params, out, lse, grad_out, grad_lse)
+        result: list[Any] = [None] * (inputs + params + 1)
+        for name, grad in zip(ops.floats, grads, strict=True):
+            if ctx.needs_input_grad[position[name]]:
+                result[position[name]] = grad
+        return tuple(result)
+
+    torch.library.register_autograd(
+        f"attncc::{op_name}", backward, setup_context=setup_context, lib=_LIBRARY
+    )
+
+
 def register(
     kernel: AttentionKernel,
     key: str,
     run: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     fake: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    backward: BackwardOps | str,
 ) -> Any:
-    """The op ``torch.ops.attncc.<name>_<key>``, registered once per process."""
+    """The op ``torch.ops.attncc.<name>_<key>``, registered once per process; ``backward``
+    is the kernel's backward, or why it has none (calls requiring grad are refused)."""
     op_name = f"{safe_name(kernel.name)}_{key}"
     if op_name not in _REGISTERED:
         _LIBRARY.define(op_name + _schema(kernel))  # type: ignore[no-untyped-call]
         _LIBRARY.impl(op_name, run, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
-        _LIBRARY.impl(  # type: ignore[no-untyped-call]
-            op_name, _refuse_autograd(kernel, op_name), "Autograd", with_keyset=True
-        )
         torch.library.register_fake(f"attncc::{op_name}", fake, lib=_LIBRARY)
+        if isinstance(backward, str):
+            _LIBRARY.impl(  # type: ignore[no-untyped-call]
+                op_name, _refuse_autograd(kernel, op_name, backward), "Autograd", with_keyset=True
+            )
+        else:
+            _register_backward(kernel, op_name, backward)
         _REGISTERED[op_name] = getattr(torch.ops.attncc, op_name).default
     return _REGISTERED[op_name]

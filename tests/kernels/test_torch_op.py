@@ -166,18 +166,18 @@ def test_traced_fake_and_autograd_calls_go_through_the_op(monkeypatch: pytest.Mo
         out = kernel(*fake)
     assert spy.calls == 1 and out.shape == (1, 2, 20, 16)
     q, k, v = qkv()
-    with pytest.raises(NotImplementedError, match="no backward yet"):
-        kernel(q.requires_grad_(), k, v)
-    assert spy.calls == 2
+    kernel(q.requires_grad_(), k, v).sum().backward()  # the fused kernel has a backward
+    assert spy.calls == 2 and q.grad is not None
 
 
-# ------------------------------------------------------------------- autograd: no backward yet
+# ------------------------------------------------------------------- autograd: no backward
 # Once, a call on inputs requiring grad returned an output that required grad; backward()
-# ran and left every .grad None (PyTorch's autograd fallback only warned). Until the kernels
-# have a backward, such calls are refused at call time, before launching.
+# ran and left every .grad None (PyTorch's autograd fallback only warned). Kernels without a
+# backward (here the naive schedule) refuse such calls at call time, before launching.
 
 NO_BACKWARD = (
-    r"attncc causal: no backward yet, but input 'q' requires grad; "
+    r"attncc causal: no backward for this spec: only the fused prefill schedule has a "
+    r"backward \(this kernel is naive\), but input 'q' requires grad; "
     r"call the kernel under torch\.no_grad\(\)"
 )
 
@@ -192,7 +192,7 @@ class LaunchSpy:
 
 
 def test_inputs_requiring_grad_are_refused_before_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    kernel = compiled("causal", "fused")
+    kernel = compiled("causal", "naive")
     spy = LaunchSpy(kernel)
     monkeypatch.setattr(kernel, "_launch", spy)
     q, k, v = qkv()
@@ -208,7 +208,7 @@ def test_inputs_requiring_grad_are_refused_before_launch(monkeypatch: pytest.Mon
 
 
 def test_grad_free_calls_on_inputs_requiring_grad_run() -> None:
-    kernel = compiled("causal", "fused")
+    kernel = compiled("causal", "naive")
     q, k, v = qkv()
     expected = kernel(q, k, v)
     layer = torch.nn.Linear(16, 16)
@@ -227,7 +227,7 @@ def test_grad_free_calls_on_inputs_requiring_grad_run() -> None:
 
 
 def test_compiled_calls_refuse_inputs_requiring_grad() -> None:
-    kernel = compiled("causal", "fused")
+    kernel = compiled("causal", "naive")
     layer = torch.nn.Linear(16, 16)
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,186 @@
+"""Triton backward of a fused prefill kernel: a render context for backward.py.jinja.
+
+FlashAttention-2's schedule, deterministic by construction (no float atomics):
+- ``dq`` kernel, one program per (query tile, batch program): computes
+  ``delta = rowsum(dO * O)`` for its rows, then walks the key tiles its rows see (the
+  forward's key bounds), recomputing P from the saved log-sum-exp, and accumulates dQ and
+  the side inputs' partial derivatives;
+- ``dkdv`` kernel, one program per (key tile, batch program): walks the query tiles, skipping
+  those whose visible key range misses its tile, and accumulates dK and dV in registers.
+
+Each program writes its own rows of float32 buffers indexed by batch program (every batch
+axis, query heads included); the host (``attncc.runtime.autograd``) sums them into the
+inputs' shapes through the operands' subscripts, so GQA's kv heads sum their query heads,
+with no atomics. The chain rule through the score modifications comes from
+``attncc.ir.derivative``. ``BackwardUnsupported`` names what a spec needs that this
+backward lacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from attncc.codegen import exprs as cx
+from attncc.codegen import plan
+from attncc.codegen.triton import LOG2E, _Context, environment
+from attncc.ir import nodes as ir
+from attncc.ir.derivative import NoDerivative, score_chain
+from attncc.ir.printer import expr_str
+from attncc.ir.verify import subexprs
+from attncc.spec import ast
+
+
+class BackwardUnsupported(ValueError):
+    """A spec whose backward cannot be generated; the message says why."""
+
+
+@dataclass(frozen=True)
+class SideGrad:
+    """The partial derivative of the scores through one float load of a side input.
+
+    ``carries``: "rows_keys" when the load's subscripts include the query and the key index
+    (a bias [B, H, M, N]: one value per score), "none" when they include neither (ALiBi
+    slopes [H]: a sum over the rows and keys of a batch program)."""
+
+    load: ir.Load
+    carries: Literal["rows_keys", "none"]
+
+
+@dataclass(frozen=True)
+class RenderedBackward:
+    source: str
+    side_grads: tuple[SideGrad, ...]
+
+
+def _refuse(k: ir.AttentionKernel, why: str) -> BackwardUnsupported:
+    return BackwardUnsupported(f"attncc {k.name}: no backward for this spec: {why}")
+
+
+def side_grads(k: ir.AttentionKernel) -> tuple[SideGrad, ...]:
+    """Every float load the score modifications read, with what its subscripts carry."""
+    query = k.query_axis.index if k.query_axis else None
+    batch = {a.index for a in k.batch_axes}
+    found: list[SideGrad] = []
+    for mod in k.score_mods:
+        for e in subexprs(mod):
+            if not isinstance(e, ir.Load) or e.type != "float":
+                continue
+            if any(g.load == e for g in found):
+                continue
+            names = [s.name if isinstance(s, ir.Index) else None for s in e.indices]
+            plain = None not in names and len(set(names)) == len(names)
+            rows_keys = {query, k.key_axis.index} <= set(names)
+            neither = not ({query, k.key_axis.index} & set(names))
+            if not plain or not set(names) <= batch | {query, k.key_axis.index}:
+                raise _refuse(
+                    k,
+                    f"the gradient of '{expr_str(e)}' needs subscripts that are distinct plain "
+                    "indices (a gathered or computed subscript is not supported yet)",
+                )
+            if not (rows_keys or neither):
+                raise _refuse(
+                    k,
+                    f"the gradient of '{expr_str(e)}' reads the query or the key index alone "
+                    "(only per-score and per-batch-program side inputs are supported yet)",
+                )
+            found.append(SideGrad(e, "rows_keys" if rows_keys else "none"))
+    return tuple(found)
+
+
+def check_supported(k: ir.AttentionKernel) -> None:
+    """Raise ``BackwardUnsupported`` naming the first thing this backward lacks."""
+    if k.schedule != "fused" or k.query_axis is None:
+        raise _refuse(
+            k, f"only the fused prefill schedule has a backward (this kernel is {k.schedule})"
+        )
+    ctx = _Context(k, "")
+    if ctx.gathered or plan.divisor_dims(k):
+        raise _refuse(k, "keys read through other tensors (a paged cache) have no backward yet")
+    if any(isinstance(e, ir.Load) and e.type == "float" for e in subexprs(k.score_scale)):
+        raise _refuse(k, "a score scale read from a tensor has no gradient yet")
+    try:
+        score_chain(k.score_mods)
+    except NoDerivative as err:
+        raise _refuse(k, str(err)) from None
+    side_grads(k)
+
+
+def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBackward:
+    """The backward module's source for ``kernel`` (fused, with a query axis)."""
+    check_supported(kernel)
+    k = kernel
+    ctx = _Context(k, spec)
+    assert k.query_axis is not None
+    sides = side_grads(k)
+    scalars = ctx.env(vector=False)
+    k_parts = ctx.kv_operand(k.key, k.head_axis.index, scalars)
+    v_parts = ctx.kv_operand(k.value, k.value_axis.index, scalars)
+    env = ctx.env()
+    names, host = ctx.kernel_params()
+    args = plan.launch_args(k)
+    o, lse = ctx.output()
+
+    # recomputed scores: s_0 the scaled product, s_i+1 = mod_i(s_i)
+    score_lines = ["s_0 = qk * qk_scale"]
+    for i, mod in enumerate(k.score_mods):
+        score_lines.append(f"s_{i + 1} = {cx.triton_expr(mod, replace(env, score=f's_{i}'))}")
+    last = f"s_{len(k.score_mods)}"
+    # the chain rule, last modification first: g is d(loss)/d(s_i+1) on entry
+    chain_lines: list[str] = []
+    side_index = {g.load: j for j, g in enumerate(sides)}
+    for i, (d_score, d_loads) in reversed(list(enumerate(score_chain(k.score_mods)))):
+        mod_env = replace(env, score=f"s_{i}")
+        for load, d_load in d_loads.items():
+            j = side_index[load]
+            term = f"tl.where(live, g * ({cx.triton_expr(d_load, mod_env)}), 0.0)"
+            chain_lines.append(f"side_{j} = side_{j} + {term}")
+        if d_score != ir.Const(1.0, "float"):
+            chain_lines.append(f"g = tl.where(live, g * ({cx.triton_expr(d_score, mod_env)}), 0.0)")
+    masks = [cx.triton_expr(m, env) for m in k.masks]
+    values = {
+        "header": ctx.header(),
+        "name": cx.safe_name(k.name),
+        "dq_fn": f"_attncc_{cx.safe_name(k.name)}_bwd_dq",
+        "dkdv_fn": f"_attncc_{cx.safe_name(k.name)}_bwd_dkdv",
+        "kernel_param_lines": plan.arg_lines(args, names),
+        "launch_arg_lines": plan.arg_lines(args, host),
+        "runtime_ints": ctx.runtime_ints(),
+        "batch_lines": ctx.batch_lines(),
+        "batch_programs": " * ".join(f"sizes[{a.dim!r}]" for a in k.batch_axes) or "1",
+        "rows": cx.dim_var(k.query_axis.dim),
+        "keys": cx.dim_var(k.key_axis.dim),
+        "rows_host": f"sizes[{k.query_axis.dim!r}]",
+        "keys_host": f"sizes[{k.key_axis.dim!r}]",
+        "head_dim": k.head_axis.dim,
+        "value_dim": k.value_axis.dim,
+        "query_var": cx.index_var(k.query_axis.index),
+        "key_var": cx.index_var(k.key_axis.index),
+        "q_name": k.query.tensor,
+        "k_name": k.key.tensor,
+        "v_name": k.value.tensor,
+        "o_name": k.output.name,
+        "q": ctx.operand(k.query, ctx.query, k.head_axis.index),
+        "k": k_parts,
+        "v": v_parts,
+        "o": o,
+        "lse": lse,
+        "scale": cx.triton_expr(k.score_scale, env),
+        "score_lines": score_lines,
+        "last_score": last,
+        "log2e": repr(LOG2E),
+        "mask_all": " & ".join(f"({m})" for m in masks) or "True",
+        "bounds": ctx.bounds(),
+        "chain_lines": chain_lines,
+        "sides": [{"index": j, "per_score": g.carries == "rows_keys"} for j, g in enumerate(sides)],
+        "uses_tanh": "tanh" in plan.functions_used(k),
+        "tile_index": None,
+        "fast_division": False,
+        "spec_lines": ctx.spec_lines,
+    }
+    source = environment().get_template("backward.py.jinja").render(**values)
+    return RenderedBackward(source, sides)
+
+
+def describe(sides: tuple[SideGrad, ...]) -> list[dict[str, Any]]:
+    return [{"load": expr_str(g.load), "carries": g.carries} for g in sides]

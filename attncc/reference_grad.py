@@ -1,0 +1,175 @@
+"""Gradients of a spec by torch autograd over a float64 evaluation of its attention.
+
+``reference_grads(spec, inputs, grad_out)`` evaluates the spec's attention with torch ops in
+float64 and returns the output and the gradient of every float input. It reads the IR as
+lowered from the checked spec (``attncc.ir.lower``, before any optimisation pass): operands
+with their index expressions, the score scale, the score modifications, the masks, the
+softmax and the output layout. It shares no code with the kernels' backward (no derivative
+pass, no tiles), so it can judge them.
+
+Everything is materialised (scores [*batch, M, N]), which suits test sizes. A row whose every
+key is masked has probabilities 0, output 0 and gradient 0, never NaN (the forward's
+convention). ``dtype`` other than float64 evaluates the same math naively in a lower
+precision (the softmax in float32, rounded back, as eager PyTorch's softmax does): the flash-
+attn tolerance rule (``attncc.tolerance.compare_grad``) measures kernels' gradients against
+the float64 ones with the error of that evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attncc.ir import lower
+from attncc.ir import nodes as ir
+from attncc.reference import _bind_sizes
+from attncc.spec import CheckedSpec, load
+from attncc.spec.check import dtype_type
+from attncc.torch_eval import evaluate
+
+__all__ = ["attention", "float_inputs", "reference_grads"]
+
+
+def float_inputs(kernel: ir.AttentionKernel) -> tuple[str, ...]:
+    """Inputs that have gradients: the float ones (integer and bool inputs index or mask)."""
+    return tuple(t.name for t in kernel.tensors if dtype_type(t.dtype) == "float")
+
+
+def _sizes(checked: CheckedSpec, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
+    # only the shapes are read; a broadcast view allocates nothing
+    shapes = {name: np.broadcast_to(np.empty(()), tuple(t.shape)) for name, t in tensors.items()}
+    return _bind_sizes(checked, shapes)
+
+
+def _params(
+    kernel: ir.AttentionKernel, sizes: Mapping[str, int], given: Mapping[str, Any]
+) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for p in kernel.params:
+        if p.name in given:
+            value = given[p.name]
+        elif p.default is not None:
+            value = evaluate(p.default, {}, sizes, params, {}, float_dtype=torch.float64)
+            value = value.item() if isinstance(value, torch.Tensor) else value
+        else:
+            raise TypeError(f"missing param '{p.name}': it has no default")
+        params[p.name] = float(value) if p.type == "float" else int(value)
+    return params
+
+
+def attention(
+    kernel: ir.AttentionKernel,
+    tensors: Mapping[str, torch.Tensor],
+    sizes: Mapping[str, int],
+    params: Mapping[str, Any],
+) -> torch.Tensor:
+    """The output of ``kernel`` (unoptimised IR) on ``tensors``, in their float dtype, laid out
+    as the output's left-hand indices; differentiable wherever the inputs are."""
+    batch = [a.index for a in kernel.batch_axes]
+    query = kernel.query_axis.index if kernel.query_axis else None
+    key, head, value = kernel.key_axis.index, kernel.head_axis.index, kernel.value_axis.index
+    device = next(iter(tensors.values())).device
+    wide = torch.promote_types(next(iter(tensors.values())).dtype, torch.float32)
+
+    def grid(frame: list[str], fixed: Mapping[str, int]) -> dict[str, Any]:
+        """Index tensors for ``frame``: arange along its own axis, size 1 elsewhere."""
+        out: dict[str, Any] = {}
+        for axis, name in enumerate(frame):
+            shape = [1] * len(frame)
+            size = fixed[name] if name in fixed else sizes[_dim(kernel, name)]
+            shape[axis] = size
+            out[name] = torch.arange(size, device=device).reshape(shape)
+        return out
+
+    # operands over (batch..., row, col): the query's rows are queries (one for decode)
+    row_name = query or "_row"
+
+    def operand(op: ir.Operand, row: str, col: str) -> torch.Tensor:
+        frame = [*batch, row, col]
+        fixed = {} if row != "_row" else {"_row": 1}
+        load = ir.Load(op.tensor, op.indices, "float")
+        return torch.as_tensor(
+            evaluate(load, grid(frame, fixed), sizes, params, tensors, None, wide)
+        )
+
+    q = operand(kernel.query, row_name, head)
+    k = operand(kernel.key, key, head)
+    v = operand(kernel.value, key, value)
+    scores = q @ k.transpose(-1, -2)
+    scale = evaluate(kernel.score_scale, {}, sizes, params, tensors, None, wide)
+    scores = scores * scale
+    frame = grid([*batch, row_name, key], {"_row": 1} if query is None else {})
+    for mod in kernel.score_mods:
+        scores = evaluate(mod, frame, sizes, params, tensors, scores, wide)
+        scores = torch.as_tensor(scores)
+    visible: Any = True
+    for mask in kernel.masks:
+        visible = visible & torch.as_tensor(
+            evaluate(mask, frame, sizes, params, tensors, None, wide)
+        )
+    visible = torch.broadcast_to(torch.as_tensor(visible, device=device), scores.shape)
+    # the softmax in float32 at least, as eager PyTorch computes a 16-bit softmax
+    masked = scores.to(wide).masked_fill(~visible, float("-inf"))
+    peak = masked.amax(-1, keepdim=True).detach()
+    # a row with every key masked: shift by 0, so exp(-inf) = 0 rather than NaN
+    peak = torch.where(torch.isneginf(peak), torch.zeros_like(peak), peak)
+    weights = torch.exp(masked - peak)
+    total = weights.sum(-1, keepdim=True)
+    probs = (weights / torch.where(total == 0, torch.ones_like(total), total)).to(scores.dtype)
+    out = probs @ v  # [*batch, rows, value]
+    if query is None:
+        out = out.squeeze(-2)
+        have = [*batch, value]
+    else:
+        have = [*batch, query, value]
+    out = out.expand(*[sizes[_dim(kernel, i)] for i in have])
+    return out.permute([have.index(i) for i in kernel.output.indices])
+
+
+def _dim(kernel: ir.AttentionKernel, index: str) -> str:
+    for axis in kernel.axes:
+        if axis.index == index:
+            return axis.dim
+    raise KeyError(index)
+
+
+def reference_grads(
+    spec: str | Path | CheckedSpec,
+    inputs: Mapping[str, torch.Tensor],
+    grad_out: torch.Tensor,
+    params: Mapping[str, Any] | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The output and the gradient of ``sum(out * grad_out)`` for every float input, both
+    evaluated in ``dtype`` (float64: the reference) and returned as float64 on the inputs'
+    device. Integer and bool inputs get no gradient."""
+    checked = load(spec)
+    kernel = lower(checked)
+    floats = set(float_inputs(kernel))
+    tensors: dict[str, torch.Tensor] = {}
+    for t in kernel.tensors:
+        given = inputs[t.name].detach()
+        if t.name in floats:
+            tensors[t.name] = given.to(dtype).requires_grad_(True)
+        else:
+            tensors[t.name] = given.long() if given.dtype != torch.bool else given
+    sizes = _sizes(checked, tensors)
+    bound = _params(kernel, sizes, params or {})
+    with torch.enable_grad():
+        out = attention(kernel, tensors, sizes, bound)
+        wanted = [n for n in tensors if n in floats]
+        grads = torch.autograd.grad(
+            out,
+            [tensors[n] for n in wanted],
+            grad_out.to(dtype),
+            allow_unused=True,
+        )
+    result = {
+        name: (torch.zeros_like(tensors[name]) if g is None else g).to(torch.float64)
+        for name, g in zip(wanted, grads, strict=True)
+    }
+    return out.detach().to(torch.float64), result

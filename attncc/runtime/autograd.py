@@ -1,0 +1,129 @@
+"""The backward of a compiled kernel: runs the generated Triton backward module
+(``attncc.codegen.backward``) and sums its per-batch-program buffers into gradients shaped
+like the inputs.
+
+The buffers are indexed by batch program (every batch axis, query heads included) and by row
+or key; each input's gradient is the sum of its buffer over the elements whose subscripts
+(the operand's index expressions, evaluated with ``attncc.torch_eval``) read the same input
+element: kv heads sum their query heads (GQA), an input that a batch axis does not subscript
+sums over it. ``index_put_`` with accumulation does this deterministically (sorted on CUDA,
+sequential on the CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from attncc.codegen import backward as codegen
+from attncc.ir import nodes as ir
+from attncc.runtime.jit import interpreter, load_module, module_path
+from attncc.spec import ast
+from attncc.spec.check import dtype_type
+from attncc.torch_eval import evaluate
+
+__all__ = ["Backward", "prepare"]
+
+
+def prepare(kernel: ir.AttentionKernel, spec: ast.Spec | str) -> Backward | str:
+    """The kernel's backward, or the reason it has none (one line, for the error a call
+    requiring grad gets)."""
+    try:
+        rendered = codegen.render(kernel, spec)
+    except codegen.BackwardUnsupported as err:
+        return str(err)
+    return Backward(kernel, rendered)
+
+
+class Backward:
+    def __init__(self, kernel: ir.AttentionKernel, rendered: codegen.RenderedBackward) -> None:
+        self.ir = kernel
+        self.sides = rendered.side_grads
+        self.path: Path = module_path(f"{kernel.name}_bwd", rendered.source)
+        # the inputs with gradients: integer and bool inputs index or mask
+        self.floats = tuple(t.name for t in kernel.tensors if dtype_type(t.dtype) == "float")
+
+    def module(self, interpreted: bool) -> ModuleType:
+        return load_module(self.path, interpreted)
+
+    def run(
+        self,
+        host: ModuleType,
+        tensors: dict[str, torch.Tensor],
+        params: dict[str, Any],
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        dout: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        """The gradient of every float input (``self.floats`` order), in its dtype."""
+        sizes, dtype, device = host._check(tensors, params)
+        params = host._param_defaults(sizes, dict(params))
+        on_cpu = device.type == "cpu"
+        module = self.module(on_cpu)
+        with interpreter(on_cpu):
+            dq, dk, dv, sides = module._backward(
+                tensors, params, out, lse, dout, sizes, dtype, device
+            )
+        k = self.ir
+        assert k.query_axis is not None
+        rows, keys = k.query_axis.index, k.key_axis.index
+        head, value = k.head_axis.index, k.value_axis.index
+        grads: dict[str, torch.Tensor] = {
+            name: torch.zeros(tensors[name].shape, dtype=torch.float32, device=device)
+            for name in self.floats
+        }
+        scatter = _Scatter(k, sizes, params, tensors)
+        scatter.add(grads, k.query, dq, (rows, head))
+        scatter.add(grads, k.key, dk, (keys, head))
+        scatter.add(grads, k.value, dv, (keys, value))
+        for side, buffer in zip(self.sides, sides, strict=True):
+            operand = ir.Operand(side.load.tensor, side.load.indices)
+            if side.carries == "rows_keys":
+                scatter.add(grads, operand, buffer, (rows, keys))
+            else:
+                scatter.add(grads, operand, buffer.sum(-1), ())
+        return [grads[name].to(tensors[name].dtype) for name in self.floats]
+
+
+class _Scatter:
+    def __init__(
+        self,
+        kernel: ir.AttentionKernel,
+        sizes: Mapping[str, int],
+        params: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+    ) -> None:
+        self.k, self.sizes, self.params, self.tensors = kernel, sizes, params, tensors
+        self.dims = {a.index: a.dim for a in kernel.axes}
+
+    def add(
+        self,
+        grads: dict[str, torch.Tensor],
+        operand: ir.Operand,
+        buffer: torch.Tensor,
+        inner: tuple[str, ...],
+    ) -> None:
+        """Add ``buffer`` ([batch programs, *inner]) into the gradient of ``operand``'s tensor,
+        at the elements its subscripts read."""
+        if operand.tensor not in grads:
+            return
+        frame = [a.index for a in self.k.batch_axes] + list(inner)
+        shape = [self.sizes[self.dims[i]] for i in frame]
+        values = buffer.reshape(shape)
+        grid = {}
+        for axis, index in enumerate(frame):
+            view = [1] * len(frame)
+            view[axis] = shape[axis]
+            grid[index] = torch.arange(shape[axis], device=buffer.device).reshape(view)
+        where = [
+            torch.as_tensor(
+                evaluate(sub, grid, self.sizes, self.params, self.tensors), device=buffer.device
+            )
+            for sub in operand.indices
+        ]
+        where = list(torch.broadcast_tensors(*where, values))[:-1]  # type: ignore[no-untyped-call]
+        grads[operand.tensor].index_put_(tuple(where), values, accumulate=True)

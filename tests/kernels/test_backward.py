@@ -1,0 +1,143 @@
+"""Gradients of the fused kernels (Triton interpreter on the CPU) against the float64
+gradient reference, by flash-attn's rule (``attncc.tolerance.compare_grad``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.utils.checkpoint
+
+import attncc
+from attncc.reference_grad import reference_grads
+from attncc.tolerance import compare_grad
+
+from ._support import DEVICE, compiled, example_path
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
+)
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def inputs(name: str, dtype: torch.dtype, m: int = 37, n: int = 45) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(len(name))
+    b, h, kvh, d = 2, 2, 2, 16
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen).to(DEVICE, dtype)
+
+    if name == "gqa_causal":
+        h, kvh = 4, 2
+    if name == "document_mask":
+        n = m
+    q, k, v = randn(b, h, m, d), randn(b, kvh, n, d), randn(b, kvh, n, d)
+    extra: dict[str, torch.Tensor] = {}
+    if name == "alibi":
+        extra["slopes"] = torch.rand(h, generator=gen).to(DEVICE) + 0.1
+    if name == "bias":
+        extra["bias"] = torch.randn(b, h, m, n, generator=gen).to(DEVICE)
+    if name == "document_mask":
+        extra["doc"] = torch.sort(torch.randint(0, 3, (b, n), generator=gen)).values.to(DEVICE)
+    return {"q": q, "k": k, "v": v, **extra}
+
+
+def run(kernel: attncc.Kernel, given: dict[str, torch.Tensor], grad_out: torch.Tensor, **params):  # type: ignore[no-untyped-def]
+    leaves = {name: t.clone().requires_grad_(t.is_floating_point()) for name, t in given.items()}
+    out = kernel(**leaves, **params)
+    out.backward(grad_out)
+    return out, {name: t.grad for name, t in leaves.items() if t.is_floating_point()}
+
+
+def check(name: str, dtype: torch.dtype, **params: int) -> None:
+    kernel = compiled(name, "fused")
+    given = inputs(name, dtype)
+    gen = torch.Generator().manual_seed(7)
+    out_shape = given["q"].shape
+    grad_out = torch.randn(out_shape, generator=gen).to(DEVICE, dtype)
+    _, grads = run(kernel, given, grad_out, **params)
+    spec = example_path(name)
+    _, exact = reference_grads(spec, given, grad_out, params)
+    _, eager = reference_grads(spec, given, grad_out, params, dtype=dtype)
+    assert set(grads) == set(exact)
+    for tensor, grad in grads.items():
+        assert grad is not None and grad.dtype == given[tensor].dtype
+        verdict = compare_grad(
+            grad.double().cpu().numpy(),
+            exact[tensor].cpu().numpy(),
+            eager[tensor].cpu().numpy(),
+            DTYPE_NAMES[dtype],
+        )
+        assert verdict.ok, (tensor, verdict)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "causal",
+        "gqa_causal",
+        "sliding_window",
+        "alibi",
+        "softcap",
+        "bias",
+        "document_mask",
+        "prefix_lm",
+    ],
+)
+def test_gradients_match_float64_reference(name: str) -> None:
+    params = {"window": 9} if name == "sliding_window" else {}
+    params = {"prefix": 5} if name == "prefix_lm" else params
+    check(name, torch.float32, **params)
+
+
+@pytest.mark.parametrize("name", ["softcap", "alibi"])
+def test_bfloat16_gradients(name: str) -> None:
+    check(name, torch.bfloat16)
+
+
+def test_fully_masked_rows_give_zero_gradients() -> None:
+    kernel = compiled("sliding_window", "fused")
+    given = inputs("sliding_window", torch.float32)
+    grad_out = torch.randn(given["q"].shape)
+    out, grads = run(kernel, given, grad_out, window=0)
+    assert torch.equal(out, torch.zeros_like(out))
+    for grad in grads.values():
+        assert grad is not None and torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_gradients_are_deterministic() -> None:
+    kernel = compiled("gqa_causal", "fused")
+    given = inputs("gqa_causal", torch.float32)
+    grad_out = torch.randn(given["q"].shape)
+    _, first = run(kernel, given, grad_out)
+    _, second = run(kernel, given, grad_out)
+    for name in first:
+        assert torch.equal(first[name], second[name])  # type: ignore[arg-type]
+
+
+def test_spec_without_backward_names_why() -> None:
+    kernel = compiled("causal", "naive")
+    q, k, v = (t.requires_grad_() for t in inputs("causal", torch.float32).values())
+    with pytest.raises(NotImplementedError, match="only the fused prefill schedule"):
+        kernel(q, k, v)
+
+
+def test_compile_fullgraph_and_checkpoint_trace_the_backward() -> None:
+    kernel = compiled("alibi", "fused")
+    given = inputs("alibi", torch.float32, m=20, n=20)
+    grad_out = torch.randn(given["q"].shape)
+    _, eager = run(kernel, given, grad_out)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
+        return kernel(q, k, v, slopes) * 1.0
+
+    torch._dynamo.reset()
+    compiled_fn = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    for call in (
+        compiled_fn,
+        lambda *a: torch.utils.checkpoint.checkpoint(fn, *a, use_reentrant=False),
+    ):
+        leaves = [t.clone().requires_grad_() for t in given.values()]
+        call(*leaves).backward(grad_out)
+        for leaf, name in zip(leaves, given, strict=True):
+            torch.testing.assert_close(leaf.grad, eager[name], rtol=0, atol=0)
+    torch._dynamo.reset()
