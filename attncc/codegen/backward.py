@@ -174,6 +174,7 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
         "chain_lines": chain_lines,
         "sides": [{"index": j, "per_score": g.carries == "rows_keys"} for j, g in enumerate(sides)],
         "uses_tanh": "tanh" in plan.functions_used(k),
+        "uses_pow": "pow" in plan.functions_used(k),  # derivatives of pow call pow too
         "tile_index": None,
         "fast_division": False,
         "spec_lines": ctx.spec_lines,
