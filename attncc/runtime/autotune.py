@@ -18,7 +18,7 @@ import math
 import os
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -288,3 +288,47 @@ class Tuner:
         if progress is not None:
             progress(total, total, best)
         return best
+
+
+def progress_bar(stream: TextIO, label: str = "", width: int = 20) -> Progress:
+    """``attncc tune``'s bar on ``stream``: ``tuning 3/8 [=====     ] 128x64/w8/s3``, one
+    line rewritten in place (a new line when done)."""
+
+    def show(done: int, total: int, config: dict[str, int]) -> None:
+        filled = width * done // max(total, 1)
+        bar = "=" * filled + " " * (width - filled)
+        end = "\n" if done >= total else ""
+        stream.write(f"\rtuning {label}{done}/{total} [{bar}] {describe(config)}{end}")
+        stream.flush()
+
+    return show
+
+
+def tune_shapes(
+    kernel: Any,
+    shapes: list[Any],
+    dtype: torch.dtype,
+    make_inputs: Callable[[dict[str, int]], dict[str, torch.Tensor]] | None = None,
+    timer: Timer | None = None,
+    stream: TextIO | None = None,
+) -> list[tuple[str, str, dict[str, int]]]:
+    """Tune ``kernel`` (a Triton-target ``attncc.Kernel``) at each ``attncc.bench.Shape`` and
+    store the picks where later calls (any process) find them; returns (shape, tuning key,
+    pick) per shape. ``make_inputs(sizes)`` builds a call's inputs (default: the benchmark's,
+    on the GPU); ``timer`` replaces Triton's do_bench (tests run this on CPU tensors)."""
+    from attncc.bench import bench_inputs, sizes_for
+
+    tuner = Tuner(kernel.ir, kernel.path.stem, timer)
+    build = make_inputs or (lambda sizes: bench_inputs(kernel.ir, sizes, dtype, documents=4))
+    picks = []
+    for i, shape in enumerate(shapes):
+        sizes = sizes_for(kernel.ir, shape)
+        inputs = build(sizes)
+        tensors = {name: inputs[name] for name in kernel.input_names}
+        on_cpu = next(iter(tensors.values())).device.type == "cpu"
+        module = kernel.module(interpreted=on_cpu)
+        label = f"{shape} ({i + 1}/{len(shapes)}) " if len(shapes) > 1 else f"{shape} "
+        show = progress_bar(stream, label) if stream is not None else None
+        key, best = tuner.tune(module, tensors, {}, show)
+        picks.append((str(shape), key, best))
+    return picks

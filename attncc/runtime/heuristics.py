@@ -96,7 +96,8 @@ def estimate_bytes(tile: TileConfig, head_dim: int, value_dim: int, itemsize: in
 
 def fit(tile: TileConfig, head_dim: int, value_dim: int, itemsize: int, limit: int) -> TileConfig:
     """``tile`` shrunk until ``estimate_bytes`` fits ``limit``: stages down to 2, then the key
-    tile, then the query tile down to 16 (the generated host's steps)."""
+    tile, then the query tile down to 16 (the generated host's steps), then one stage (float32
+    at head dim 256 on a 99 KB sm_86/sm_89 needs it)."""
     while estimate_bytes(tile, head_dim, value_dim, itemsize) > limit:
         if tile.num_stages > 2:
             tile = replace(tile, num_stages=tile.num_stages - 1)
@@ -104,6 +105,8 @@ def fit(tile: TileConfig, head_dim: int, value_dim: int, itemsize: int, limit: i
             tile = replace(tile, block_n=tile.block_n // 2)
         elif tile.block_m > 16:
             tile = replace(tile, block_m=tile.block_m // 2)
+        elif tile.num_stages > 1:
+            tile = replace(tile, num_stages=1)
         else:
             break
     return tile
