@@ -94,6 +94,7 @@ def test_changed_params_and_return_lse_take_new_entries() -> None:
         kernel(q, k, v, scale=0.5), _want(q, k, v, 0.5), atol=2e-5, rtol=2e-5
     )
     out, lse = kernel(q, k, v, return_lse=True)
+    torch.testing.assert_close(out, _want(q, k, v), atol=2e-5, rtol=2e-5)
     assert lse.shape == (1, 2, 24) and torch.isfinite(lse).all()
     assert len(kernel._geometries) == 3
 

@@ -53,7 +53,7 @@ def test_tune_writes_the_entry_later_calls_read() -> None:
         kernel, [Shape.parse("1,2,40,32")], torch.float32, _cpu_inputs(), _prefers_wide, bar
     )
     ((shape, key, best),) = picks
-    assert best["BLOCK_N"] == 128 and best["num_warps"] == 8
+    assert shape == "B=1 H=2 S=40 D=32" and best["BLOCK_N"] == 128 and best["num_warps"] == 8
     assert key.startswith("cpu|triton ") and "float32" in key and "D=32" in key
     # the bar: one line, rewritten per candidate, ending at the pick
     total = TUNING_ROUNDS * len(PREFILL_CANDIDATES)
