@@ -1,4 +1,4 @@
-"""``attncc compile | check | bench | demo``.
+"""``attncc compile | check | bench | demo | tune``.
 
 ``--target`` defaults to ``auto`` (``attncc.target``: CUDA for fused prefill on an sm_90 GPU
 with cuda-python, Triton otherwise); output names the target that ran.
@@ -291,6 +291,36 @@ def _bench_cmd(args: argparse.Namespace) -> int:
     return int(bench_main(args))
 
 
+def _tune_cmd(args: argparse.Namespace) -> int:
+    checked = _load(args.spec)  # a bad file or spec is reported before the GPU is asked for
+    if args.target == "cuda":
+        raise UsageError("the cuda target picks its tiles per shape itself: nothing to tune")
+    from attncc.bench import Shape
+
+    try:
+        shapes = [Shape.parse(text) for text in args.shapes.split(";") if text.strip()]
+    except ValueError:
+        raise UsageError(
+            f"--shapes: expected B,H,S,D[;...] (H may be H:KVH), got {args.shapes!r}"
+        ) from None
+    if not shapes:
+        raise UsageError("--shapes: no shape given")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("attncc tune times kernels on a CUDA GPU, and none is visible here")
+    import attncc
+    from attncc.checking import DTYPES
+    from attncc.runtime.autotune import describe, tune_shapes
+
+    # auto sends the calls it does not run on the CUDA target to this same Triton kernel
+    kernel = attncc.compile(checked, target="triton")
+    for shape, _key, best in tune_shapes(kernel, shapes, DTYPES[args.dtype], stream=sys.stderr):
+        print(f"{kernel.name} {shape} {args.dtype}: {describe(best)}")
+    print(f"tuning cache: {kernel.tuner.path}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -396,6 +426,22 @@ def parser() -> argparse.ArgumentParser:
         help="time nothing: compile every tuning candidate and anchor into the disk caches",
     )
     bench_p.set_defaults(func=_bench_cmd)
+
+    tune_p = sub.add_parser(
+        "tune",
+        parents=[common],
+        help="time every launch configuration at these shapes and cache the best (GPU)",
+    )
+    tune_p.add_argument("spec")
+    tune_p.add_argument("--shapes", required=True, help="B,H,S,D;... (H may be H:KVH)")
+    tune_p.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES)
+    tune_p.add_argument(
+        "--target",
+        default="auto",
+        choices=TARGET_CHOICES,
+        help="auto or triton: tunes the Triton kernel (auto runs it where CUDA has none)",
+    )
+    tune_p.set_defaults(func=_tune_cmd)
     return top
 
 

@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [auto] [startup] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [auto] [startup] [firstcall] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 
 
 if has startup; then
-    # cold: empty attncc and Triton caches (without, then with autotuning);
+    # cold: empty attncc and Triton caches (the heuristic table, then inline tuning);
     # warm: a new process reusing both caches, which must not tune again.
     # With Python's bytecode cache on, as on a normal install: the GPU machine sets
     # PYTHONDONTWRITEBYTECODE, and every process then recompiled the modules Triton and
@@ -41,7 +41,7 @@ if has startup; then
     rm -rf /tmp/startup_cache
     ATTNCC_AUTOTUNE=0 python3 benchmarks/startup.py examples/gqa_causal.attn cold-no-autotune | tee -a "$OUT/startup_$gpu.txt"
     rm -rf /tmp/startup_cache
-    python3 benchmarks/startup.py examples/gqa_causal.attn cold-autotune | tee -a "$OUT/startup_$gpu.txt"
+    ATTNCC_AUTOTUNE=1 python3 benchmarks/startup.py examples/gqa_causal.attn cold-autotune | tee -a "$OUT/startup_$gpu.txt"
     # warm twice: the spread between two processes on the same caches
     for _ in 1 2; do
         python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup_$gpu.txt"
@@ -53,6 +53,27 @@ if has startup; then
     TARGET=auto python3 benchmarks/startup.py examples/gqa_causal.attn cold | tee -a "$OUT/startup_$gpu.txt"
     TARGET=auto python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup_$gpu.txt"
     TARGET=auto python3 benchmarks/startup.py examples/gqa_causal.attn warm | tee -a "$OUT/startup_$gpu.txt"
+fi
+
+if has firstcall; then
+    # The issue's first-call and host-overhead targets, per case "SPEC SHAPE DTYPE TARGET":
+    # cold (empty attncc and Triton caches; no tuning: the heuristic table), warm (a new
+    # process on those caches), then the CPU time of a repeated call (200 unsynchronised
+    # calls). Targets: cold <= 3 s, warm <= 0.2 s, <= 15 us a call.
+    unset PYTHONDONTWRITEBYTECODE ATTNCC_AUTOTUNE
+    export PYTHONPYCACHEPREFIX=/tmp/startup_pycache
+    IFS=';' read -ra fc_cases <<< "${FIRSTCALL_CASES:-causal 2,8,1024,128 fp16 triton;causal 2,8,64,64 fp32 triton;alibi 2,8,256,64 fp16 triton;decode 8,32:8,8192,128 bf16 triton;decode 1,32:8,8192,128 bf16 triton;paged_decode 1,32:8,8192,128 bf16 triton;causal 1,16,64,128 fp16 cuda}"
+    for fc_case in "${fc_cases[@]}"; do
+        read -r fc_spec fc_shape fc_dtype fc_target <<< "$fc_case"
+        export ATTNCC_CACHE_DIR=/tmp/firstcall_cache/attncc TRITON_CACHE_DIR=/tmp/firstcall_cache/triton
+        rm -rf /tmp/firstcall_cache
+        for fc_run in cold warm; do
+            TARGET=$fc_target timeout 300 python3 benchmarks/startup.py "examples/$fc_spec.attn" \
+                "$fc_run" "shape=$fc_shape" "dtype=$fc_dtype" 2>&1 | grep -vE "Warning|warn"
+        done
+        TARGET=$fc_target DTYPE=$fc_dtype ISSUE_ONLY=1 timeout 300 python3 benchmarks/host_overhead.py \
+            "examples/$fc_spec.attn" "$fc_shape" 2>&1 | grep -vE "Warning|warn"
+    done | tee "$OUT/firstcall_$gpu.txt"
 fi
 
 BENCH_JSON="$OUT/bench_$gpu.jsonl"

@@ -4,9 +4,11 @@ the wall time per call of back-to-back eager calls through the generated module
 host functions that cost most (cProfile). A call whose eager time exceeds its GPU time is
 limited by Python, not by the kernel.
 
-    [TARGET=cuda] python3 benchmarks/host_overhead.py SPEC "B,H:KVH,S,D" [...more pairs]
+    [TARGET=cuda] [DTYPE=fp16] [ISSUE_ONLY=1] \\
+        python3 benchmarks/host_overhead.py SPEC "B,H:KVH,S,D" [...more pairs]
 
-(TARGET: the target compiled for, triton unless set.)
+(TARGET: the target compiled for, triton unless set; DTYPE: bf16 unless set; ISSUE_ONLY=1:
+only the CPU time a repeated call costs, ``issue_us``, the issue's host-overhead measure.)
 """
 
 from __future__ import annotations
@@ -35,6 +37,22 @@ def wall_us(fn: Callable[[], Any], calls: int = 300) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - began) / calls * 1e6
+
+
+def issue_us(fn: Callable[[], Any], calls: int = 200) -> float:
+    """Host microseconds a call: ``calls`` repeated calls issued without synchronising (the GPU
+    queue absorbs them unless the kernels are slower than their launches), after a warm-up."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    cpu_began = time.process_time()
+    for _ in range(calls):
+        fn()
+    cpu = time.process_time() - cpu_began
+    wall = time.perf_counter() - began
+    torch.cuda.synchronize()
+    return min(wall, cpu) / calls * 1e6
 
 
 def graph_us(fn: Callable[[], Any], calls: int = 50) -> float:
@@ -83,14 +101,21 @@ def report(spec: str, shape_text: str) -> None:
     # Triton unless asked for, as in every earlier run (auto picks CUDA for prefill on an H100)
     kernel = attncc.compile(spec, target=os.environ.get("TARGET", "triton"))
     sizes = sizes_for(kernel.ir, Shape.parse(shape_text))
-    inputs = bench_inputs(kernel.ir, sizes, torch.bfloat16, documents=4)
+    dtype_name = os.environ.get("DTYPE", "bf16")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    inputs = bench_inputs(kernel.ir, sizes, dtype, documents=4)
     args = [inputs[name] for name in kernel.input_names]
-    kernel(*args)  # compile and tune
+    kernel(*args)  # compile (and choose the launch configuration)
     module = kernel.module(interpreted=False)
     tensors, params = module._bind(args, {})
-    config = (
-        kernel.tuner.config(module, tensors, params, False) if kernel.target == "triton" else None
-    )
+    config = kernel.launch_config(*args) if kernel.target == "triton" else None
+    if os.environ.get("ISSUE_ONLY"):
+        print(
+            f"{kernel.name} [{kernel.target}] {shape_text} {dtype_name}: CPU "
+            f"{issue_us(lambda: kernel(*args)):.1f} us a call (200 unsynchronised calls, "
+            f"kernel(...)); GPU {graph_us(lambda: kernel(*args)):.1f} us a call; config {config}"
+        )
+        return
 
     def forward() -> Any:
         return module._forward(tensors, params, False, config)

@@ -3,10 +3,15 @@
 Run twice by gpu_suite.sh: first with empty caches (cold compile, Triton JIT included),
 then warm (a new process reusing the on-disk attncc and Triton caches).
 
-    [TARGET=auto] python3 benchmarks/startup.py SPEC LABEL [profile]
+    [TARGET=auto] python3 benchmarks/startup.py SPEC LABEL [profile] [triton-imported]
+        [shape=B,H:KVH,S,D] [dtype=bf16|fp16|fp32]
     (profile: cProfile of the timed part; triton-imported: Triton imported before the clock
     starts, as in a process that already used torch.compile; TARGET: the target compiled
-    for, triton unless set)
+    for, triton unless set; shape and dtype: the call's, default 1,8:2,256,128 bf16)
+
+The line printed says where the call's launch configuration came from: "table" (the
+heuristic table, attncc.runtime.heuristics), "tuned" (an `attncc tune` entry) and how many
+tunings ran inline (ATTNCC_AUTOTUNE=1 only).
 """
 
 from __future__ import annotations
@@ -19,22 +24,30 @@ start = time.perf_counter()
 import torch  # noqa: E402
 
 import attncc  # noqa: E402
+from attncc.bench import Shape, bench_inputs, sizes_for  # noqa: E402
 
 imported = time.perf_counter()
 spec, label = sys.argv[1], sys.argv[2]
+options = dict(arg.split("=", 1) for arg in sys.argv[3:] if "=" in arg)
+flags = [arg for arg in sys.argv[3:] if "=" not in arg]
+shape = Shape.parse(options.get("shape", "1,8:2,256,128"))
+dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+    options.get("dtype", "bf16")
+]
 # the CUDA context and the inputs exist before the clock starts: a model calling attncc has
-# both already, so neither is part of attncc's start-up
-q = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.bfloat16)
-kv = torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16)
+# both already, so neither is part of attncc's start-up (the inputs' shapes come from the
+# spec's IR: parsing and passes, no code generation; attncc.compile does both again, timed)
+inputs_ir = attncc.optimise(spec)[1]
+inputs = bench_inputs(inputs_ir, sizes_for(inputs_ir, shape), dtype, documents=4)
 torch.cuda.synchronize()
 triton_import = ""
-if "triton-imported" in sys.argv[3:]:
+if "triton-imported" in flags:
     before = time.perf_counter()
     import triton  # noqa: F401
 
     triton_import = f"(Triton imported first: {time.perf_counter() - before:.2f} s) "
 profile = None
-if "profile" in sys.argv[3:]:  # where a warm start's time goes: the top entries by cumtime
+if "profile" in flags:  # where a warm start's time goes: the top entries by cumtime
     import cProfile
 
     profile = cProfile.Profile()
@@ -44,7 +57,7 @@ ready = time.perf_counter()
 # picks CUDA for prefill on an H100/H200)
 kernel = attncc.compile(spec, target=os.environ.get("TARGET", "triton"))
 compiled = time.perf_counter()
-kernel(q, kv, kv)
+kernel(*(inputs[name] for name in kernel.input_names))
 torch.cuda.synchronize()
 done = time.perf_counter()
 if profile is not None:
@@ -52,10 +65,12 @@ if profile is not None:
 
     profile.disable()
     pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
+sources = ", ".join(f"{k} {v}" for k, v in kernel.tuner.sources.items() if v) or "module defaults"
 print(
-    f"{label} ({kernel.target}): import {imported - start:.2f} s, {triton_import}"
-    f"CUDA context {ready - imported:.2f} s, "
+    f"{label} ({kernel.target}, {shape}, {options.get('dtype', 'bf16')}): "
+    f"import {imported - start:.2f} s, {triton_import}"
+    f"CUDA context and inputs {ready - imported:.2f} s, "
     f"attncc.compile {compiled - ready:.3f} s, "
-    f"first call {done - compiled:.2f} s (autotuned {kernel.tuner.tuned} time(s)), "
-    f"compile + first call {done - ready:.2f} s"
+    f"first call {done - compiled:.2f} s (config: {sources}; tuned inline "
+    f"{kernel.tuner.tuned} time(s)), compile + first call {done - ready:.2f} s"
 )

@@ -7,6 +7,9 @@ from typing import Any
 
 from attncc.ir.nodes import AttentionKernel, TileConfig, Tiling
 
+# The module's own defaults, for calls that bypass a Kernel (a standalone module, pinned
+# tiling options) and for the interpreter; Kernel calls on a GPU take the per-arch table of
+# attncc/runtime/heuristics.py or a tuned entry.
 # Hopper defaults (see docs/performance.md): at head dims 65-128, 64x64 tiles of one warp
 # group with TMA copies, two programs a multiprocessor (the tuner's pick for causal, full and
 # GQA attention on the H100 and the H200, 10-13% faster than 128x64 with 8 warps; without TMA

@@ -1,9 +1,14 @@
-"""Pick a launch configuration per (GPU, dtype, head dims, length bucket) by timing candidates.
+"""Launch configurations of Triton calls: tuned entries from disk, else the heuristic table.
 
-Results live in ``<cache>/tuning/<module>.json`` (the module name carries the content hash of
-the generated source: spec IR, options, attncc version, template text), keyed inside by GPU,
-Triton version, dtype, head dims and power-of-two length buckets, so a second process reuses
-them without tuning. ``ATTNCC_AUTOTUNE=0`` skips tuning and uses the default configuration.
+A call never tunes by default. Its configuration is (a) the entry ``attncc tune`` wrote for
+its (GPU, Triton version, dtype, head dims, length buckets), else (b) the checked-in table of
+``attncc.runtime.heuristics``. ``ATTNCC_AUTOTUNE=1`` tunes inline on a GPU call with no tuned
+entry (and stores it); ``ATTNCC_AUTOTUNE=0`` takes the table only, ignoring tuned entries
+(reproducible runs: the GPU test suite).
+
+Tuned entries live in ``<cache>/tuning/<module>.json`` (the module name carries the content
+hash of the generated source: spec IR, options, attncc version, template text), keyed inside
+by GPU, Triton version, dtype, head dims and power-of-two length buckets.
 """
 
 from __future__ import annotations
@@ -13,12 +18,13 @@ import math
 import os
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
 from attncc.cache import atomic_write, cache_dir
 from attncc.ir.nodes import AttentionKernel, TileConfig
+from attncc.runtime import heuristics
 from attncc.runtime.timing import cold_copies
 
 # prefill tiles, some with K/V tiles as TMA copies (where the layout allows); from
@@ -49,9 +55,21 @@ SPLIT_CANDIDATES = (
 
 TUNING_ROUNDS = 2
 
+Timer = Callable[[Callable[[], Any], dict[str, int]], float]
+# progress(done, total, config): called before each candidate is timed (attncc tune's bar)
+Progress = Callable[[int, int, dict[str, int]], None]
+
+
+def mode() -> str:
+    """``ATTNCC_AUTOTUNE``: "tune" (1: tune inline on a miss), "table" (0: the heuristic table
+    only) or "cached" (unset, the default: tuned entries, else the table)."""
+    value = os.environ.get("ATTNCC_AUTOTUNE", "")
+    return {"1": "tune", "0": "table"}.get(value, "cached")
+
 
 def enabled() -> bool:
-    return os.environ.get("ATTNCC_AUTOTUNE", "1") != "0"
+    """Whether calls may tune inline (``ATTNCC_AUTOTUNE=1``)."""
+    return mode() == "tune"
 
 
 def _as_launch(config: TileConfig, **extra: int) -> dict[str, int]:
@@ -64,6 +82,16 @@ def _as_launch(config: TileConfig, **extra: int) -> dict[str, int]:
     }
 
 
+def describe(config: dict[str, int]) -> str:
+    """A configuration in one word: ``128x64/w8/s3[/tma][/x2]`` (x: waves)."""
+    text = f"{config['BLOCK_M']}x{config['BLOCK_N']}/w{config['num_warps']}/s{config['num_stages']}"
+    if config.get("tma"):
+        text += "/tma"
+    if "waves" in config:
+        text += f"/x{config['waves']}"
+    return text
+
+
 def _do_bench(fn: Callable[[], Any], config: dict[str, int]) -> float:
     import triton.testing
 
@@ -73,7 +101,7 @@ def _do_bench(fn: Callable[[], Any], config: dict[str, int]) -> float:
 
 
 def _shapes(tensors: dict[str, Any], return_lse: bool) -> tuple[Any, ...]:
-    """A call's key in the per-process table: its tensors' shapes and dtypes."""
+    """A call's key in the record of chosen configurations: its tensors' shapes and dtypes."""
     return (*((t.shape, t.dtype) for t in tensors.values()), return_lse)
 
 
@@ -81,36 +109,45 @@ def _bucket(n: int) -> int:
     return 1 << max(0, (max(n, 1) - 1).bit_length())
 
 
+def gpu_name(device: torch.device) -> str:
+    """The device's name in tuning keys (tests replace it to stand in for a GPU)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def triton_version() -> str:
+    import triton
+
+    return str(triton.__version__)
+
+
 class Tuner:
-    """Per-kernel tuner; ``config`` is on the launch path, so repeats are one dict lookup."""
+    """Per-kernel configuration choice: tuned entries from disk, the heuristic table, or (on
+    request) tuning. The kernel caches the choice per call geometry, so this runs once each."""
 
     def __init__(
-        self,
-        kernel: AttentionKernel,
-        module_stem: str,
-        timer: Callable[[Callable[[], Any], dict[str, int]], float] | None = None,
+        self, kernel: AttentionKernel, module_stem: str, timer: Timer | None = None
     ) -> None:
         """``timer(run, config)`` times ``run``, a launch with ``config``, in milliseconds
         (default: Triton's do_bench median)."""
         self.kernel = kernel
         self.timer = timer or _do_bench
+        # Triton's do_bench needs a GPU; an injected timer (tests) times CPU calls too
+        self._injected = timer is not None
         self.path = cache_dir() / "tuning" / f"{module_stem}.json"
         self._by_shapes: dict[tuple[Any, ...], dict[str, int]] = {}
         self.tuned = 0  # how many tunings this process ran (tests and the bench read it)
+        self.sources: dict[str, int] = {"tuned": 0, "table": 0}  # where choices came from
 
     def key(self, sizes: dict[str, int], dtype: torch.dtype, device: torch.device) -> str:
-        import triton
-
         k = self.kernel
         rows = sizes[k.query_axis.dim] if k.query_axis is not None else 1
         # programs along the batch axes (batch x heads): with few of them (decode at B=1)
         # the split count and tile that fill the GPU differ from those at B=8
         programs = math.prod(sizes[a.dim] for a in k.batch_axes)
-        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
         return "|".join(
             [
-                gpu,
-                f"triton {triton.__version__}",
+                gpu_name(device),
+                f"triton {triton_version()}",
                 str(dtype).removeprefix("torch."),
                 f"D={sizes[k.head_axis.dim]}",
                 f"DV={sizes[k.value_axis.dim]}",
@@ -127,38 +164,71 @@ class Tuner:
             return {}
         return data if isinstance(data, dict) else {}
 
+    def _store(self, key: str, config: dict[str, int]) -> None:
+        merged = self._load()
+        merged[key] = config
+        atomic_write(self.path, json.dumps(merged, indent=1, sort_keys=True))
+
+    def choose(
+        self,
+        module: ModuleType,
+        tensors: dict[str, Any],
+        params: dict[str, Any],
+        return_lse: bool,
+        checked: tuple[dict[str, int], torch.dtype, torch.device],
+    ) -> dict[str, int]:
+        """The configuration for a call of this geometry (``checked``: ``module._check``'s
+        sizes, dtype and device): see the module's docstring for the order."""
+        sizes, dtype, device = checked
+        how = mode()
+        found: dict[str, int] | None = None
+        if how != "table":
+            key = self.key(sizes, dtype, device)
+            stored = self._load().get(key)
+            if isinstance(stored, dict):
+                found = stored
+            elif how == "tune" and (device.type == "cuda" or self._injected):
+                found = self._tune(module, tensors, params, return_lse, self.candidates(sizes))
+                self._store(key, found)
+        if found is not None:
+            self.sources["tuned"] += 1
+        else:
+            self.sources["table"] += 1
+            found = heuristics.config_for(self.kernel, sizes, dtype, device)
+        self._by_shapes[_shapes(tensors, return_lse)] = found
+        return found
+
     def config(
         self, module: ModuleType, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
-    ) -> dict[str, int] | None:
-        if not enabled():
-            return None
-        shapes = _shapes(tensors, return_lse)
-        found = self._by_shapes.get(shapes)
-        if found is not None:
-            return found
-        sizes, dtype, device = module._check(tensors, params)
-        key = self.key(sizes, dtype, device)
-        stored = self._load().get(key)
-        if stored is None:
-            candidates = self.candidates(sizes)
-            stored = self._tune(module, tensors, params, return_lse, candidates)
-            merged = self._load()
-            merged[key] = stored
-            atomic_write(self.path, json.dumps(merged, indent=1, sort_keys=True))
-        self._by_shapes[shapes] = stored
-        return stored
+    ) -> dict[str, int]:
+        """``choose`` for a call not yet checked (benchmarks, tests)."""
+        return self.choose(module, tensors, params, return_lse, module._check(tensors, params))
 
     def chosen(self, tensors: dict[str, Any], return_lse: bool) -> dict[str, int] | None:
-        """The configuration calls of these shapes ran with in this process (None: the
-        default, or no such call yet); looks up, never tunes."""
-        return self._by_shapes.get(_shapes(tensors, return_lse)) if enabled() else None
+        """The configuration the last call of these shapes ran with in this process (None: no
+        such call yet, or a pinned tiling); looks up, never tunes."""
+        return self._by_shapes.get(_shapes(tensors, return_lse))
 
     def candidates(self, sizes: dict[str, int]) -> list[dict[str, int]]:
         """The launch configurations tuning tries for calls of these sizes."""
-        rows = sizes[self.kernel.query_axis.dim] if self.kernel.query_axis else 1
-        if self.kernel.schedule == "split_kv" or rows <= self.kernel.split_max_queries:
+        if heuristics.splits(self.kernel, sizes):
             return [_as_launch(tile, waves=waves) for tile, waves in SPLIT_CANDIDATES]
         return [_as_launch(tile, tma=int(tile.tma)) for tile in PREFILL_CANDIDATES]
+
+    def tune(
+        self,
+        module: ModuleType,
+        tensors: dict[str, Any],
+        params: dict[str, Any],
+        progress: Progress | None = None,
+    ) -> tuple[str, dict[str, int]]:
+        """Tune a call of these inputs and store the pick (``attncc tune``); returns the
+        tuning key and the pick. Always times, even where an entry exists."""
+        sizes, dtype, device = module._check(tensors, params)
+        key = self.key(sizes, dtype, device)
+        best = self._tune(module, tensors, params, False, self.candidates(sizes), progress)
+        self._store(key, best)
+        return key, best
 
     def warm(
         self, module: ModuleType, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
@@ -182,6 +252,7 @@ class Tuner:
         params: dict[str, Any],
         return_lse: bool,
         candidates: list[dict[str, int]],
+        progress: Progress | None = None,
     ) -> dict[str, int]:
         self.tuned += 1
         # split-KV calls read a cache that may fit in L2: time a rotation over copies
@@ -193,8 +264,11 @@ class Tuner:
         # (the best tile, in a sweep) lose to slower ones by 10%.
         best_ms: dict[int, float] = {}
         failed: set[int] = set()
-        for _ in range(TUNING_ROUNDS):
+        total = TUNING_ROUNDS * len(candidates)
+        for round_ in range(TUNING_ROUNDS):
             for i, launch in enumerate(candidates):
+                if progress is not None:
+                    progress(round_ * len(candidates) + i, total, launch)
                 if i in failed:
                     continue
 
@@ -210,4 +284,51 @@ class Tuner:
                 best_ms[i] = min(best_ms.get(i, math.inf), float(ms))
         if not best_ms:
             raise RuntimeError(f"attncc: no launch configuration of '{self.kernel.name}' ran")
-        return candidates[min(best_ms, key=lambda i: (best_ms[i], i))]
+        best = candidates[min(best_ms, key=lambda i: (best_ms[i], i))]
+        if progress is not None:
+            progress(total, total, best)
+        return best
+
+
+def progress_bar(stream: TextIO, label: str = "", width: int = 20) -> Progress:
+    """``attncc tune``'s bar on ``stream``: ``tuning 3/8 [=====     ] 128x64/w8/s3``, one
+    line rewritten in place (a new line when done)."""
+
+    def show(done: int, total: int, config: dict[str, int]) -> None:
+        filled = width * done // max(total, 1)
+        bar = "=" * filled + " " * (width - filled)
+        end = "\n" if done >= total else ""
+        stream.write(f"\rtuning {label}{done}/{total} [{bar}] {describe(config)}{end}")
+        stream.flush()
+
+    return show
+
+
+def tune_shapes(
+    kernel: Any,
+    shapes: list[Any],
+    dtype: torch.dtype,
+    make_inputs: Callable[[dict[str, int]], dict[str, torch.Tensor]] | None = None,
+    timer: Timer | None = None,
+    stream: TextIO | None = None,
+) -> list[tuple[str, str, dict[str, int]]]:
+    """Tune ``kernel`` (a Triton-target ``attncc.Kernel``) at each ``attncc.bench.Shape`` and
+    store the picks where later calls (any process) find them; returns (shape, tuning key,
+    pick) per shape. ``make_inputs(sizes)`` builds a call's inputs (default: the benchmark's,
+    on the GPU); ``timer`` replaces Triton's do_bench (tests run this on CPU tensors)."""
+    from attncc.bench import bench_inputs, sizes_for
+
+    tuner = Tuner(kernel.ir, kernel.path.stem, timer)
+    build = make_inputs or (lambda sizes: bench_inputs(kernel.ir, sizes, dtype, documents=4))
+    picks = []
+    for i, shape in enumerate(shapes):
+        sizes = sizes_for(kernel.ir, shape)
+        inputs = build(sizes)
+        tensors = {name: inputs[name] for name in kernel.input_names}
+        on_cpu = next(iter(tensors.values())).device.type == "cpu"
+        module = kernel.module(interpreted=on_cpu)
+        label = f"{shape} ({i + 1}/{len(shapes)}) " if len(shapes) > 1 else f"{shape} "
+        show = progress_bar(stream, label) if stream is not None else None
+        key, best = tuner.tune(module, tensors, {}, show)
+        picks.append((str(shape), key, best))
+    return picks

@@ -17,10 +17,12 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from attncc.ir.nodes import AttentionKernel
+from attncc.passes.tiling import Tile
 from attncc.runtime import autograd
 from attncc.runtime import op as op_registry
 from attncc.runtime.autotune import Tuner
 from attncc.runtime.jit import interpreter, load_module, module_path
+from attncc.runtime.launch_plan import Plans
 from attncc.spec import CheckedSpec, ast
 
 
@@ -52,10 +54,19 @@ class Kernel:
     _fallback_kernel: Kernel | None = field(init=False, default=None, repr=False)
     _param_sites: dict[str, str] = field(init=False, repr=False)
     _backward: autograd.Backward | str = field(init=False, repr=False)
+    # Triton target: per call geometry (Plans.key), what the checks and the configuration
+    # choice decided (sizes, dtype, device, params with defaults, config), so a repeated
+    # call skips both and goes straight to the module's _launch
+    _geometries: Plans = field(init=False, repr=False)
+    _pinned: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.path = module_path(self.name, self.host_source or self.source)
         self.tuner = Tuner(self.ir, self.path.stem)
+        self._geometries = Plans()
+        # tiling options given to attncc.compile (block_n=32, ...) pin the IR's default
+        # tiles: those calls keep the module's defaults, never the table or a tuned entry
+        self._pinned = self.ir.tiling is not None and self.ir.tiling != Tile().run(self.ir).tiling
         self._param_sites = _param_sites(self.spec)
         # loaded now, not on first call: torch.compile cannot trace a module import
         self._host = self.module(interpreted=False)
@@ -157,13 +168,39 @@ class Kernel:
             return self._host._forward(tensors, params, return_lse, None, fallback)  # type: ignore[no-any-return]
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
         module = self.module(interpreted=on_cpu)
+        key = Plans.key(tensors, params, return_lse, False, stream=False)
+        geometry = self._geometries.get(key)
+        if geometry is None:
+            sizes, dtype, device = checked = module._check(tensors, params)
+            if device.type not in ("cuda", "cpu"):  # the module's own error names the device
+                return module._forward(tensors, params, return_lse)  # type: ignore[no-any-return]
+            if self._pinned:
+                config = module._default_config(
+                    sizes[self.ir.head_axis.dim], sizes[self.ir.value_axis.dim], dtype, device
+                )
+            else:
+                config = self.tuner.choose(module, tensors, params, return_lse, checked)
+            geometry = (sizes, dtype, device, module._param_defaults(sizes, params), config)
+            self._geometries.remember(key, geometry)
+        sizes, dtype, device, full_params, config = geometry
+        launch: Callable[..., tuple[torch.Tensor, torch.Tensor]] = module._launch
         if on_cpu:
             with interpreter(True):
-                out, lse = module._forward(tensors, params, return_lse)
-        else:
-            config = self.tuner.config(module, tensors, params, return_lse)
-            out, lse = module._forward(tensors, params, return_lse, config)
-        return out, lse
+                return launch(tensors, dict(full_params), return_lse, sizes, dtype, device, config)
+        return launch(tensors, dict(full_params), return_lse, sizes, dtype, device, config)
+
+    def launch_config(self, *args: Any, **kwargs: Any) -> dict[str, int]:
+        """The launch configuration a call with these inputs runs with (Triton target): a
+        tuned entry, the heuristic table's, or the module's defaults (pinned tiling)."""
+        tensors, params = self._host._bind(args, kwargs)
+        sizes, dtype, device = checked = self._host._check(tensors, params)
+        if self._pinned:
+            return dict(
+                self._host._default_config(
+                    sizes[self.ir.head_axis.dim], sizes[self.ir.value_axis.dim], dtype, device
+                )
+            )
+        return self.tuner.choose(self._host, tensors, params, False, checked)
 
     def _backward_args(
         self, args: tuple[Any, ...]

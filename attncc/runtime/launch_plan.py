@@ -51,11 +51,17 @@ class Plans:
 
     @staticmethod
     def key(
-        tensors: dict[str, Any], params: dict[str, Any], return_lse: bool, falls_back: bool
+        tensors: dict[str, Any],
+        params: dict[str, Any],
+        return_lse: bool,
+        falls_back: bool,
+        stream: bool = True,
     ) -> tuple[Any, ...] | None:
         """What a plan depends on besides the data pointers (the module's docstring); None
         for a call no plan may take: an input that is not a plain tensor (a subclass, a
-        fake tensor while tracing), or a param that is not a plain number."""
+        fake tensor while tracing), or a param that is not a plain number. ``stream``: the
+        current stream is part of it (CUDA plans hold launches bound to one; the Triton
+        target's cached geometry is stream-free)."""
         key: list[Any] = [return_lse, falls_back]
         device = None
         for name, t in tensors.items():
@@ -67,7 +73,7 @@ class Plans:
             if type(value) not in _PLAIN_PARAMS:
                 return None
             key += (name, type(value), value)
-        if device is not None and device.type == "cuda":
+        if stream and device is not None and device.type == "cuda":
             key.append(current_stream(device.index))
         return tuple(key)
 

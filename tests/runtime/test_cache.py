@@ -18,6 +18,7 @@ import torch
 
 import attncc
 from attncc.cache import atomic_write, content_key
+from attncc.runtime import heuristics
 from attncc.runtime.autotune import PREFILL_CANDIDATES, TUNING_ROUNDS, Tuner
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -26,6 +27,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("ATTNCC_CACHE_DIR", str(tmp_path))
+    # calls tune inline only when asked to; these tests are about that tuning
+    monkeypatch.setenv("ATTNCC_AUTOTUNE", "1")
     return tmp_path
 
 
@@ -171,13 +174,23 @@ def test_configurations_that_fail_are_skipped() -> None:
     assert tuner.config(kernel.module(True), _inputs(40), {}, False)["BLOCK_M"] == 64
 
 
-def test_autotune_off_uses_the_default_and_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ATTNCC_AUTOTUNE", "0")
+@pytest.mark.parametrize("setting", ["0", None])
+def test_without_autotune_1_calls_take_the_table_and_write_nothing(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None
+) -> None:
+    if setting is None:
+        monkeypatch.delenv("ATTNCC_AUTOTUNE")
+    else:
+        monkeypatch.setenv("ATTNCC_AUTOTUNE", setting)
     kernel = attncc.compile(EXAMPLES / "causal.attn")
     timer = FakeTimer()
     tuner = Tuner(kernel.ir, kernel.path.stem, timer)
-    assert tuner.config(kernel.module(True), _inputs(40), {}, False) is None
-    assert timer.calls == 0 and not tuner.path.exists()
+    module = kernel.module(True)
+    table = heuristics.config_for(
+        kernel.ir, {"B": 1, "H": 2, "M": 40, "N": 40, "D": 32}, torch.float32, torch.device("cpu")
+    )
+    assert tuner.config(module, _inputs(40), {}, False) == table
+    assert timer.calls == 0 and tuner.tuned == 0 and not tuner.path.exists()
 
 
 class RecordingModule:

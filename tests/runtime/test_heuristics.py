@@ -1,0 +1,118 @@
+"""The heuristic table first calls take: an entry for every key, each a launchable
+configuration for its schedule and arch, and the lookup a call makes."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+import attncc
+from attncc.runtime import heuristics
+from attncc.runtime.heuristics import (
+    ARCHS,
+    DTYPES,
+    HEAD_DIM_BUCKETS,
+    LENGTH_BUCKETS,
+    SCHEDULES,
+    SHARED_MEMORY,
+    TABLE,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+CPU = torch.device("cpu")
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def test_every_arch_schedule_dtype_head_dim_and_length_has_an_entry() -> None:
+    keys = set(itertools.product(ARCHS, SCHEDULES, HEAD_DIM_BUCKETS, DTYPES, LENGTH_BUCKETS))
+    assert set(TABLE) == keys
+
+
+@pytest.mark.parametrize("key", sorted(TABLE), ids=str)
+def test_every_entry_is_a_valid_configuration_for_its_schedule(
+    key: tuple[str, str, int, str, int],
+) -> None:
+    arch, schedule, head_dim, dtype, _ = key
+    entry = TABLE[key]
+    tile = entry.tile
+    assert _power_of_two(tile.block_m) and _power_of_two(tile.block_n)
+    assert tile.block_m >= 16 and tile.block_n >= 16  # tl.dot's minimum
+    assert tile.num_warps in (4, 8) and tile.num_stages >= 1
+    # TMA copies need sm_90 (the interpreter runs them too), and only fused kernels have them
+    assert not tile.tma or (arch in ("sm90", "cpu") and schedule == "fused")
+    split = schedule.startswith("split_kv")
+    assert (entry.waves >= 1) if split else (entry.waves == 0)
+    if split:
+        assert tile.block_m == 16  # the host sizes the split kernels' rows itself
+    itemsize = 4 if dtype == "float32" else 2
+    used = heuristics.estimate_bytes(tile, head_dim, head_dim, itemsize)
+    assert used <= SHARED_MEMORY[arch]
+    config = entry.launch()
+    assert ("waves" in config) == split and config["tma"] == int(tile.tma)
+
+
+def test_sm90_16_bit_entries_are_the_measured_picks() -> None:
+    # H200 sweep (causal/full 4k D=128) and H100 matrix picks: see heuristics._SM90_16BIT
+    assert TABLE["sm90", "fused", 128, "bfloat16", 8192].launch() == {
+        "BLOCK_M": 64,
+        "BLOCK_N": 64,
+        "num_warps": 4,
+        "num_stages": 3,
+        "tma": 1,
+    }
+    assert TABLE["sm90", "fused", 64, "float16", 1 << 31].tile.block_n == 128
+    decode = TABLE["sm90", "split_kv", 128, "bfloat16", 8192]
+    assert (decode.tile.block_n, decode.tile.num_stages, decode.waves) == (64, 3, 1)
+    paged = TABLE["sm90", "split_kv_paged", 128, "bfloat16", 1 << 31]
+    assert (paged.tile.block_n, paged.waves) == (32, 2)
+    # no TMA without sm_90, and float32 tiles shrunk to the arch's shared memory
+    assert not TABLE["sm80", "fused", 128, "bfloat16", 8192].tile.tma
+    assert TABLE["sm90", "fused", 256, "float32", 8192].tile.block_n < 64
+
+
+def test_buckets() -> None:
+    assert heuristics.bucket(1, LENGTH_BUCKETS) == 1024
+    assert heuristics.bucket(1025, LENGTH_BUCKETS) == 8192
+    assert heuristics.bucket(1 << 40, LENGTH_BUCKETS) == LENGTH_BUCKETS[-1]
+    assert heuristics.bucket(96, HEAD_DIM_BUCKETS) == 128
+    assert heuristics.bucket(512, HEAD_DIM_BUCKETS) == 256
+
+
+@pytest.mark.parametrize(
+    ("example", "sizes", "schedule"),
+    [
+        ("causal", {"B": 1, "H": 2, "M": 64, "N": 64, "D": 64}, "fused"),
+        ("decode", None, "split_kv"),
+        ("paged_decode", None, "split_kv_paged"),
+        ("naive", {"B": 1, "H": 2, "M": 64, "N": 64, "D": 64}, "naive"),
+    ],
+)
+def test_a_call_looks_up_its_schedule(
+    example: str, sizes: dict[str, int] | None, schedule: str
+) -> None:
+    kernel = attncc.compile(EXAMPLES / f"{example}.attn").ir
+    if sizes is None:
+        sizes = {dim: 16 for dim in kernel.dims}
+    key = heuristics.key_for(kernel, sizes, torch.float16, CPU)
+    assert key[0] == "cpu" and key[1] == schedule and key[3] == "float16"
+
+
+def test_the_lookup_drops_tma_under_a_tile_index_and_fits_large_head_dims() -> None:
+    doc = attncc.compile(EXAMPLES / "document_mask.attn").ir
+    assert doc.tile_index is not None
+    sizes = {dim: 64 for dim in doc.dims} | {"D": 128}
+    assert heuristics.config_for(doc, sizes, torch.bfloat16, CPU)["tma"] == 0
+    causal = attncc.compile(EXAMPLES / "causal.attn").ir
+    wide = {"B": 1, "H": 1, "M": 64, "N": 64, "D": 1024}
+    config = heuristics.config_for(causal, wide, torch.float32, CPU)
+    assert config == TABLE["cpu", "fused", 256, "float32", 1024].launch()  # no limit on CPU
+    tile = heuristics.fit(
+        TABLE["sm90", "fused", 256, "bfloat16", 1024].tile, 1024, 1024, 2, 227 * 1024
+    )
+    assert heuristics.estimate_bytes(tile, 1024, 1024, 2) <= 227 * 1024
