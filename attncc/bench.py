@@ -100,7 +100,7 @@ class Row:
     # wall seconds of each step (first call: compile and tuning; anchors: their compiles
     # included): where a matrix run's device time goes
     seconds: dict[str, float] = field(default_factory=dict)
-    # the launch configuration the Triton target ran (tuned or cached; None: the default)
+    # the launch configuration the Triton target ran (tuned, or the heuristic table's)
     config: dict[str, int] | None = None
 
 
