@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [bench] [quick] [auto] [startup] [firstcall] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [quick] [auto] [startup] [firstcall] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -248,11 +248,23 @@ fi
 
 if has check; then
     # the Triton target by name: "auto" would hand fused prefill to the CUDA target on an
-    # H100/H200 (the `cuda` step checks that one)
-    for spec in examples/*.attn; do
-        ATTNCC_AUTOTUNE=0 python3 -m attncc check "$spec" --device cuda --target triton --trials 4 --max-len 1024 || echo "CHECK FAILED: $spec"
-    done > "$OUT/check.log" 2>&1
-    grep -E "passed|FAILED" "$OUT/check.log"
+    # H100/H200 (the `cuda` step checks that one). Compiling is CPU work: 6 specs at a time.
+    check_triton() {
+        ATTNCC_AUTOTUNE=0 timeout 400 python3 -m attncc check "$1" --device cuda --target triton --trials 4 --max-len 1024 > "/tmp/check_$(basename "$1").log" 2>&1 || echo "CHECK FAILED: $1" >> "/tmp/check_$(basename "$1").log"
+    }
+    export -f check_triton
+    ls examples/*.attn | xargs -P 6 -I{} bash -c 'check_triton {}'
+    for spec in examples/*.attn; do echo "== $spec"; cat "/tmp/check_$(basename "$spec").log"; done > "$OUT/check.log"
+    grep -E "^==|passed|FAILED" "$OUT/check.log"
+fi
+
+if has kernels; then
+    # the CPU suite's kernel tests that run compiled where a GPU exists (gradients, every
+    # built-in function, decode, side-input dtypes, the torch op)
+    timeout 500 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_backward.py \
+        tests/kernels/test_functions.py tests/kernels/test_decode.py \
+        tests/kernels/test_side_dtypes.py tests/kernels/test_torch_op.py > "$OUT/kernel_tests.log" 2>&1
+    grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/kernel_tests.log" | head -30
 fi
 
 echo "== summary"
