@@ -161,6 +161,22 @@ def _named_target(target: str) -> str:
 # ----------------------------------------------------------------------------- commands
 
 
+def _output_files(built: Any, output: Path) -> dict[Path, str]:
+    """What ``compile -o`` writes: the source; for CUDA, into a file, the default kernel
+    family's source with the shipped headers inlined (nvcc compiles it alone), into an
+    existing directory every family's source (<spec>.<family>.cu) and the headers."""
+    if built.target != "cuda":
+        return {output: built.source}
+    from attncc.codegen import cuda as cuda_backend
+
+    rendered = cuda_backend.render(built.ir, built.spec.spec)
+    if not output.is_dir():
+        return {output: rendered.standalone()}
+    files = {output / f"{built.entry}.{family}.cu": text for family, text in rendered.sources}
+    files.update({output / name: text for name, text in rendered.headers})
+    return files
+
+
 def _compile_cmd(args: argparse.Namespace) -> int:
     from attncc.api import build, optimise
     from attncc.ir import kernel_str, lower
@@ -187,12 +203,14 @@ def _compile_cmd(args: argparse.Namespace) -> int:
     if args.output or not printing:
         built = build(checked, target=args.target, schedule=args.schedule)
         if args.output:
+            files = _output_files(built, Path(args.output))
             try:
-                Path(args.output).write_text(built.source)
+                for path, text in files.items():
+                    path.write_text(text)
             except OSError as err:
                 raise UsageError(f"cannot write {args.output}: {err.strerror or err}") from None
             # auto may pick either backend, and the file's language follows it
-            print(f"wrote {args.output} (target {built.target})", file=sys.stderr)
+            print(f"wrote {', '.join(map(str, files))} (target {built.target})", file=sys.stderr)
         else:
             sys.stdout.write(built.source)
     return 0
@@ -337,7 +355,10 @@ def parser() -> argparse.ArgumentParser:
     )
     compile_p.add_argument("spec")
     compile_p.add_argument(
-        "-o", "--output", help="write the generated source here (Python module or CUDA C++)"
+        "-o",
+        "--output",
+        help="write the generated source here (Python module or CUDA C++); for CUDA, a "
+        "directory gets every kernel family's source and the headers they include",
     )
     compile_p.add_argument("--target", default="auto", choices=TARGET_CHOICES, help=TARGET_HELP)
     compile_p.add_argument("--schedule", choices=SCHEDULES)

@@ -4,14 +4,19 @@ The same IR and pass results as the Triton backend (``codegen/plan.py`` classifi
 subscripts and tile key bounds for both); all decisions (names, offsets, bounds, score and
 mask lines, launch tables) are made here, and ``templates/cuda`` only places the strings.
 
-Two texts come out: the CUDA source (``Rendered.source``, what ``attncc compile --target
-cuda`` writes) and a Python host module (``Rendered.host``) that binds and checks arguments
-like the Triton module, picks a compile-time configuration per call (float type, padded head
-dims, tile sizes), compiles it with NVRTC through ``attncc.runtime.nvrtc`` and launches it.
+What comes out: one CUDA source per kernel family the host may launch (``Rendered.sources``,
+FAMILIES: the sm_90a fused kernel, the one-block-a-tile fused kernel, the fp32 kernels,
+split-KV), each holding only its kernels after a header comment, with the spec-independent
+device helpers in shipped headers it includes (``headers()``); the first family's source is
+``Rendered.source``, what ``attncc compile --target cuda`` prints. And a Python host module
+(``Rendered.host``) that binds and checks arguments like the Triton module, picks a family
+and a compile-time configuration per call (float type, padded head dims, tile sizes),
+compiles that family on first use with NVRTC through ``attncc.runtime.nvrtc`` and launches it.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +28,30 @@ from attncc.codegen import exprs as cx
 from attncc.ir import nodes as ir
 from attncc.passes.schedule import group_subscript
 from attncc.spec import ast
+from attncc.version import __version__
 
 CUDA_TEMPLATE_DIR = templating.TEMPLATES / "cuda"
 # head dims are padded to one of these (tensor-core tiles need multiples of 16; the
 # swizzled shared-memory layout multiples of 64); larger ones go to the Triton backend
 PADDED_HEAD_DIMS = (64, 128, 256)
+# The kernel families: one CUDA source each (templates/cuda/family_<name>.cu.jinja), holding
+# only the kernels the host launches together, so a call compiles (NVRTC) the family it runs
+# and a reader reads one kernel, not every variant behind macros.
+FAMILIES = {
+    "hopper": "sm_90a: the fused kernel of 16-bit prefill on an sm_90 GPU",
+    "mma": "sm_80+: the fused kernel on mma.sync, or one sm_90a wgmma block a tile",
+    "fma": "fp32 inputs: a warp a row on FMA units",
+    "split": "split-KV on mma.sync: decode and few-query calls",
+}
+# The shipped headers every family includes (the Hopper one where its kernels use it),
+# spec-independent: device helpers, warp-group MMAs, TMA and barriers
+HEADERS = ("attncc_cuda.cuh", "attncc_hopper.cuh")
+_FAMILY_HEADERS = {
+    "hopper": HEADERS,
+    "mma": HEADERS,
+    "fma": HEADERS[:1],
+    "split": HEADERS[:1],
+}
 
 
 def environment() -> jinja2.Environment:
@@ -36,9 +60,51 @@ def environment() -> jinja2.Environment:
 
 @dataclass(frozen=True)
 class Rendered:
-    source: str  # CUDA C++
+    source: str  # CUDA C++: the first family's source (what the default call runs)
     host: str  # the Python host module
     entry: str
+    sources: tuple[tuple[str, str], ...] = ()  # (family, CUDA C++), the default one first
+    headers: tuple[tuple[str, str], ...] = ()  # (name, text) of the shipped headers
+
+    def standalone(self, source: str | None = None) -> str:
+        """``source`` (the first family's by default) with the shipped headers it includes
+        inlined in their place: one file nvcc compiles on its own."""
+        return inline_headers(self.source if source is None else source, self.headers)
+
+
+def inline_headers(source: str, headers: tuple[tuple[str, str], ...]) -> str:
+    """Replace each ``#include "<header>"`` line of ``source`` by the header's text (once:
+    the headers' include guards keep a second copy empty)."""
+    texts = dict(headers)
+    seen: set[str] = set()
+
+    def expand(text: str) -> str:
+        out = []
+        for line in text.splitlines(keepends=True):
+            name = line.strip().removeprefix('#include "').removesuffix('"')
+            if line.startswith('#include "') and name in texts:
+                if name not in seen:
+                    seen.add(name)
+                    out.append(expand(texts[name]))
+                continue
+            out.append(line)
+        return "".join(out)
+
+    return expand(source)
+
+
+@functools.cache
+def headers() -> tuple[tuple[str, str], ...]:
+    """The shipped headers' (name, text): rendered from templates/cuda/<name>.jinja, the same
+    for every spec."""
+    env = environment()
+    values = {
+        "version": __version__,
+        "wgmma": cuda_wgmma.instructions(),
+        "uses_tanh": True,
+        "fast_division": True,
+    }
+    return tuple((name, env.get_template(f"{name}.jinja").render(**values)) for name in HEADERS)
 
 
 class _Context:
@@ -439,30 +505,46 @@ class _Context:
             axes[name] = [operand.tensor, kinds.index("key"), kinds.index("col")]
         return axes
 
-    def contents(self, split: dict[str, Any] | None, tile_index: bool) -> list[str]:
-        """Comment lines saying what the CUDA source holds and which ATTNCC_* macros (set
-        per call by the host module's _defines) select each kernel."""
+    def families(self) -> list[str]:
+        """The kernel families this spec's host module may launch (FAMILIES), the one the
+        default call runs first: the fused kernel's sm_90a variant, or split-KV where every
+        call splits the keys."""
+        if self.k.schedule == "split_kv":
+            return ["split", "fma"]
+        return ["hopper", "mma", "fma"] + (["split"] if self.split_mode() is not None else [])
+
+    def contents(self, family: str, tile_index: bool, split: dict[str, Any] | None) -> list[str]:
+        """Comment lines saying what one family's source holds and how the host compiles it
+        (which ATTNCC_* macros, set per call by the host module's _defines, select what)."""
         name = self.name
-        lines = [
-            "This file holds, in order (the host module compiles it with NVRTC per call shape,",
-            "selecting kernels with the ATTNCC_* macros below):",
-            "  device helpers: conversions, mma.sync / ldmatrix / cp.async, wgmma, TMA",
-        ]
-        if self.k.schedule != "split_kv":
+        others = ", ".join(f for f in self.families() if f != family)
+        lines = [f"Kernel family '{family}' ({FAMILIES[family]}); the spec's other families:"]
+        lines.append(f"{others} (attncc compile --target cuda -o DIR writes every one).")
+        lines.append("The host module compiles it with NVRTC per call shape, its ATTNCC_* macros")
+        lines.append("set per call (the defaults below compile standalone). It holds:")
+        if family == "hopper":
             lines += [
-                f"  attncc_{name}_fwd: fused attention on tensor cores (ATTNCC_MMA 1), as",
-                "    ATTNCC_WGMMA 2: sm_90a wgmma, warp-specialised and pipelined,",
-                "    ATTNCC_WGMMA 1: sm_90a wgmma, one block a query tile,",
-                "    ATTNCC_WGMMA 0: mma.sync (sm_80+; head dims past 128, other GPUs)",
+                f"  attncc_{name}_fwd: fused attention, sm_90a warp-group MMAs, a copying warp",
+                "    group feeding one to three MMA groups, persistent blocks (hopper.cu.jinja)",
             ]
             if tile_index:
-                lines.append(f"  attncc_{name}_tile_index: the key-tile index ATTNCC_WGMMA 2 walks")
-            lines.append(f"  attncc_{name}_rows: fused attention for fp32 inputs (ATTNCC_MMA 0)")
-        if split is not None:
+                lines.append(
+                    f"  attncc_{name}_tile_index: the key-tile index the fused kernel walks"
+                )
+        elif family == "mma":
             lines += [
-                f"  {split['split_fn']}: split-KV on tensor cores (decode, few queries)",
-                f"  {split['rows_split_fn']} and {split['combine_fn']}: split-KV for fp32",
+                f"  attncc_{name}_fwd: fused attention, a block a query tile; its key loop on",
+                "    mma.sync (ATTNCC_WGMMA 0) or sm_90a warp-group MMAs (ATTNCC_WGMMA 1)",
             ]
+        elif family == "fma":
+            if self.k.schedule != "split_kv":
+                lines.append(f"  attncc_{name}_rows: fused attention, a warp a query row")
+            if split is not None:
+                lines.append(f"  {split['rows_split_fn']}: split-KV, a warp a (chunk, row)")
+                lines.append(f"  {split['combine_fn']}: the merge of the chunks")
+        elif split is not None:
+            lines.append(f"  {split['split_fn']}: split-KV, chunks merged in-kernel")
+        lines.append("Shared device helpers are in the headers it includes (attncc_*.cuh).")
         return lines
 
     def values(self) -> dict[str, Any]:
@@ -475,11 +557,10 @@ class _Context:
         group = k.group
         return {
             "header": host.header(k, self.source_text),
-            "contents": self.contents(split, fused["tile_index"] is not None),
             "name": self.name,
             "doc": host.doc(k),
             "fused_fn": f"attncc_{self.name}_fwd",
-            "rows_fn": f"attncc_{self.name}_rows",
+            "rows_fn": None if k.schedule == "split_kv" else f"attncc_{self.name}_rows",
             "fused": fused,
             "tile_index_masks": len(fused["tile_index"]["masks"]) if fused["tile_index"] else 0,
             "index_fn": fused["tile_index"]["build_fn"] if fused["tile_index"] else None,
@@ -500,7 +581,6 @@ class _Context:
             "head_dim": cx.dim_var(k.head_axis.dim),
             "value_dim": cx.dim_var(k.value_axis.dim),
             "o_col": o_col,
-            "wgmma": cuda_wgmma.instructions(),
             # host side
             "head_dim_name": k.head_axis.dim,
             "value_dim_name": k.value_axis.dim,
@@ -521,9 +601,8 @@ class _Context:
             "group_host": f"sizes[{group.head.dim!r}] // sizes[{group.kv_dim!r}]" if group else "1",
             "max_queries": k.split_max_queries,
             "split_only": k.schedule == "split_kv",
-            "padded_head_dims": list(PADDED_HEAD_DIMS),
             "fast_division": bool(plan.divisor_dims(k)),
-            "uses_tanh": "tanh" in plan.functions_used(k),
+            "padded_head_dims": list(PADDED_HEAD_DIMS),
             "output": {
                 "dims": list(k.output.dims),
                 "lse_dims": [a.dim for a in k.batch_axes] + ([query.dim] if query else []),
@@ -554,6 +633,20 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
     context = _Context(kernel, spec)
     values = context.values()
     env = environment()
-    source = env.get_template("kernels.cu.jinja").render(**values)
-    host_module = env.get_template("host.py.jinja").render(cuda_source=source, **values)
-    return Rendered(source, host_module, values["name"])
+    tile_index = values["fused"]["tile_index"] is not None
+    sources = tuple(
+        (
+            family,
+            env.get_template(f"family_{family}.cu.jinja").render(
+                contents=context.contents(family, tile_index, values["split"]),
+                includes=_FAMILY_HEADERS[family],
+                **values,
+            ),
+        )
+        for family in context.families()
+    )
+    shipped = headers()
+    host_module = env.get_template("host.py.jinja").render(
+        cuda_sources=sources, cuda_headers=shipped, **values
+    )
+    return Rendered(sources[0][1], host_module, values["name"], sources, shipped)

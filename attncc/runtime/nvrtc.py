@@ -7,9 +7,10 @@ still import attncc and render CUDA sources, and a warm start (every cubin cache
 imports them: cubins load and kernels launch through the driver API. The NVRTC module alone,
 not ``cuda.core``: importing cuda.core loads every binding (driver, runtime, NVRTC, ...),
 0.33-0.45 s of a cold compile's first call on an H100 machine (docs/performance.md). A cubin
-is keyed by the source, the ATTNCC_* macros selecting the variant, the GPU architecture and
-the attncc version; it is written atomically under ``<cache>/cubin`` and loaded from there
-by later processes.
+is keyed by the source and the headers it may include (a host module holds one source per
+kernel family, all including the same shipped headers, handed to NVRTC by name), the ATTNCC_*
+macros selecting the variant, the GPU architecture and the attncc version; it is written
+atomically under ``<cache>/cubin`` and loaded from there by later processes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from attncc.version import __version__
 _LOCK = threading.Lock()
 # (source key, defines, device index, kernel names, arch features) -> kernels
 _KernelKey = tuple[str, tuple[tuple[str, Any], ...], int, tuple[str, ...], str]
+# (include name, text) of the headers a source may include
+Headers = Sequence[tuple[str, str]]
 _KERNELS: dict[_KernelKey, tuple[driver.Kernel, ...]] = {}
 
 
@@ -84,9 +87,10 @@ def arch(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
-def source_key(source: str) -> str:
-    """The content key of a CUDA source (host modules compute it once, at import)."""
-    return content_key(source)
+def source_key(source: str, headers: Headers = ()) -> str:
+    """The content key of a CUDA source and the headers it may include (host modules compute
+    it once, at import)."""
+    return content_key(source, *(part for header in headers for part in header))
 
 
 def cubin_path(source_key: str, defines: Sequence[tuple[str, Any]], target: str) -> Path:
@@ -95,12 +99,17 @@ def cubin_path(source_key: str, defines: Sequence[tuple[str, Any]], target: str)
     return cache_dir() / "cubin" / f"{key[:32]}.cubin"
 
 
-def compile_cubin(source: str, defines: Sequence[tuple[str, Any]], target: str) -> bytes:
-    """NVRTC: the source with ``#define`` lines for ``defines`` in front, to a cubin."""
+def compile_cubin(
+    source: str, defines: Sequence[tuple[str, Any]], target: str, headers: Headers = ()
+) -> bytes:
+    """NVRTC: the source with ``#define`` lines for ``defines`` in front, to a cubin;
+    ``headers`` are what its ``#include "<name>"`` lines read."""
     nvrtc = _nvrtc()
     text = "".join(f"#define {k} {v}\n" for k, v in defines) + source
     options = [b"--std=c++17", f"--gpu-architecture={target}".encode()]
-    err, program = nvrtc.nvrtcCreateProgram(text.encode(), b"attncc.cu", 0, [], [])
+    texts = [body.encode() for _, body in headers]
+    names = [name.encode() for name, _ in headers]
+    err, program = nvrtc.nvrtcCreateProgram(text.encode(), b"attncc.cu", len(texts), texts, names)
     _check_nvrtc(nvrtc, err, "nvrtcCreateProgram", None, target)
     try:
         (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
@@ -152,10 +161,12 @@ def kernels(
     names: tuple[str, ...],
     device: torch.device,
     arch_features: str = "",
+    headers: Headers = (),
 ) -> tuple[driver.Kernel, ...]:
     """The kernels ``names`` of ``source`` compiled with ``defines`` for ``device``'s GPU
     (``arch_features`` "a": its architecture-specific features, as sm_90a's wgmma): from this
-    process's table, else the disk cache, else NVRTC."""
+    process's table, else the disk cache, else NVRTC. ``headers``: what the source's
+    ``#include "<name>"`` lines read; ``key_of_source`` is ``source_key(source, headers)``."""
     key = (key_of_source, defines, _index(device), names, arch_features)
     found = _KERNELS.get(key)
     if found is not None:
@@ -170,7 +181,7 @@ def kernels(
         try:
             data = path.read_bytes()
         except OSError:
-            data = compile_cubin(source, defines, target)
+            data = compile_cubin(source, defines, target, headers)
             atomic_write_bytes(path, data)
         found = driver.load_kernels(data, names)
         _KERNELS[key] = found

@@ -53,86 +53,119 @@ THREE_GROUPS_64 = {
     "ATTNCC_Q_BUFFERS": 2,
     "ATTNCC_PINGPONG": 1,
 }
-# the variants the runtime picks (see templates/cuda/host.py.jinja), as ATTNCC_* macros
-VARIANTS: dict[str, dict[str, object]] = {
-    "bf16-128": {},
-    "fp32-rows": {"ATTNCC_ELEM": "float", "ATTNCC_MMA": 0, "ATTNCC_DP": 64, "ATTNCC_DVP": 64},
-    "fp16-64": {"ATTNCC_ELEM": "f16_t", "ATTNCC_DP": 64, "ATTNCC_DVP": 64},
-    "bf16-256": {
-        "ATTNCC_DP": 256,
-        "ATTNCC_DVP": 256,
-        "ATTNCC_WARPS": 4,
-        "ATTNCC_M_TILES": 1,
-        "ATTNCC_BLOCK_N": 32,
-        "ATTNCC_SPLIT_WARPS": 2,
-        "ATTNCC_SPLIT_STAGES": 1,
-    },
-    "split-64-stages": {
-        "ATTNCC_DP": 64,
-        "ATTNCC_DVP": 128,
-        "ATTNCC_SPLIT_WARPS": 2,
-        "ATTNCC_SPLIT_STAGES": 2,
-        "ATTNCC_FUSED": 0,
-    },
-    # the fused kernel's sm_90a variant (hopper.cu.jinja): warp-group MMAs
-    "wgmma-bf16-128": {
-        "ATTNCC_WGMMA": 1,
-        "ATTNCC_M_TILES": 1,
-        "ATTNCC_WARPS": 8,
-        "ATTNCC_BLOCK_N": 128,
-    },
-    "wgmma-fp16-64": {
-        "ATTNCC_WGMMA": 1,
-        "ATTNCC_ELEM": "f16_t",
-        "ATTNCC_DP": 64,
-        "ATTNCC_DVP": 64,
-        "ATTNCC_M_TILES": 1,
-        "ATTNCC_WARPS": 4,
-        "ATTNCC_BLOCK_N": 64,
-    },
-    "wgmma2-bf16-64": {
-        "ATTNCC_WGMMA": 2,
-        "ATTNCC_M_TILES": 1,
-        "ATTNCC_WARPS": 8,
-        "ATTNCC_BLOCK_N": 64,
-        "ATTNCC_PRODUCER_REGISTERS": 32,
-        "ATTNCC_MMA_REGISTERS": 232,
-    },
-    "wgmma2-one-group-bf16-64": {
-        "ATTNCC_WGMMA": 2,
-        "ATTNCC_M_TILES": 1,
-        "ATTNCC_WARPS": 4,
-        "ATTNCC_BLOCK_N": 64,
-        "ATTNCC_TMA": 1,
-        "ATTNCC_BLOCKS": 2,
-        "ATTNCC_PRODUCER_REGISTERS": 24,
-        "ATTNCC_MMA_REGISTERS": 232,
-        "ATTNCC_Q_BUFFERS": 2,
-    },
-    "wgmma2-three-groups-bf16-64": THREE_GROUPS_64,
-    "wgmma2-tma-bf16-128": {
-        "ATTNCC_WGMMA": 2,
-        "ATTNCC_M_TILES": 1,
-        "ATTNCC_WARPS": 8,
-        "ATTNCC_BLOCK_N": 128,
-        "ATTNCC_TMA": 1,
-        "ATTNCC_STAGES": 3,
-    },
+# the variants the runtime picks (see templates/cuda/host.py.jinja): the kernel family's
+# source (codegen/cuda.py FAMILIES) and its ATTNCC_* macros
+VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
+    "bf16-128": ("mma", {}),
+    "fp32-rows": ("fma", {"ATTNCC_ELEM": "float", "ATTNCC_DP": 64, "ATTNCC_DVP": 64}),
+    "fp32-rows-256": ("fma", {"ATTNCC_DP": 256, "ATTNCC_DVP": 256}),
+    "fp16-64": ("mma", {"ATTNCC_ELEM": "f16_t", "ATTNCC_DP": 64, "ATTNCC_DVP": 64}),
+    "bf16-256": (
+        "mma",
+        {
+            "ATTNCC_DP": 256,
+            "ATTNCC_DVP": 256,
+            "ATTNCC_WARPS": 4,
+            "ATTNCC_M_TILES": 1,
+            "ATTNCC_BLOCK_N": 32,
+        },
+    ),
+    "split-bf16-128": ("split", {}),
+    "split-fp16-64": ("split", {"ATTNCC_ELEM": "f16_t", "ATTNCC_DP": 64, "ATTNCC_DVP": 64}),
+    "split-bf16-256": (
+        "split",
+        {
+            "ATTNCC_DP": 256,
+            "ATTNCC_DVP": 256,
+            "ATTNCC_SPLIT_WARPS": 2,
+            "ATTNCC_SPLIT_STAGES": 1,
+        },
+    ),
+    "split-64-stages": (
+        "split",
+        {"ATTNCC_DP": 64, "ATTNCC_DVP": 128, "ATTNCC_SPLIT_WARPS": 2, "ATTNCC_SPLIT_STAGES": 2},
+    ),
+    # the fused kernel's sm_90a variant 1 (hopper.cu.jinja's hopper_loop): warp-group MMAs
+    "wgmma-bf16-128": (
+        "mma",
+        {"ATTNCC_WGMMA": 1, "ATTNCC_M_TILES": 1, "ATTNCC_WARPS": 8, "ATTNCC_BLOCK_N": 128},
+    ),
+    "wgmma-fp16-64": (
+        "mma",
+        {
+            "ATTNCC_WGMMA": 1,
+            "ATTNCC_ELEM": "f16_t",
+            "ATTNCC_DP": 64,
+            "ATTNCC_DVP": 64,
+            "ATTNCC_M_TILES": 1,
+            "ATTNCC_WARPS": 4,
+            "ATTNCC_BLOCK_N": 64,
+        },
+    ),
+    # the hopper family (variant 2) as the file stands: its defaults, head dim 128
+    "wgmma2-default": ("hopper", {}),
+    "wgmma2-bf16-64": (
+        "hopper",
+        {
+            "ATTNCC_WGMMA": 2,
+            "ATTNCC_M_TILES": 1,
+            "ATTNCC_WARPS": 8,
+            "ATTNCC_BLOCK_N": 64,
+            "ATTNCC_TMA": 0,
+            "ATTNCC_Q_BUFFERS": 1,
+            "ATTNCC_PINGPONG": 0,
+            "ATTNCC_PRODUCER_REGISTERS": 32,
+            "ATTNCC_MMA_REGISTERS": 232,
+        },
+    ),
+    "wgmma2-one-group-bf16-64": (
+        "hopper",
+        {
+            "ATTNCC_WGMMA": 2,
+            "ATTNCC_M_TILES": 1,
+            "ATTNCC_WARPS": 4,
+            "ATTNCC_BLOCK_N": 64,
+            "ATTNCC_TMA": 1,
+            "ATTNCC_BLOCKS": 2,
+            "ATTNCC_PRODUCER_REGISTERS": 24,
+            "ATTNCC_MMA_REGISTERS": 232,
+            "ATTNCC_Q_BUFFERS": 2,
+            "ATTNCC_PINGPONG": 0,
+        },
+    ),
+    "wgmma2-three-groups-bf16-64": ("hopper", THREE_GROUPS_64),
+    "wgmma2-tma-bf16-128": (
+        "hopper",
+        {
+            "ATTNCC_WGMMA": 2,
+            "ATTNCC_M_TILES": 1,
+            "ATTNCC_WARPS": 8,
+            "ATTNCC_BLOCK_N": 128,
+            "ATTNCC_TMA": 1,
+            "ATTNCC_STAGES": 3,
+            "ATTNCC_Q_BUFFERS": 1,
+            "ATTNCC_PINGPONG": 0,
+        },
+    ),
     # the default at head dim 64 without the log-sum-exp: the row sums from the P V MMAs
-    "wgmma2-row-sums-bf16-64": {**THREE_GROUPS_64, "ATTNCC_ROW_SUMS_MMA": 1},
+    "wgmma2-row-sums-bf16-64": ("hopper", {**THREE_GROUPS_64, "ATTNCC_ROW_SUMS_MMA": 1}),
     # the default at head dim 128: two Q buffers, two stages, ping-pong
-    "wgmma2-two-q-bf16-128": {
-        "ATTNCC_WGMMA": 2,
-        "ATTNCC_M_TILES": 1,
-        "ATTNCC_WARPS": 8,
-        "ATTNCC_BLOCK_N": 128,
-        "ATTNCC_TMA": 1,
-        "ATTNCC_STAGES": 2,
-        "ATTNCC_Q_BUFFERS": 2,
-        "ATTNCC_PINGPONG": 1,
-    },
+    "wgmma2-two-q-bf16-128": (
+        "hopper",
+        {
+            "ATTNCC_WGMMA": 2,
+            "ATTNCC_M_TILES": 1,
+            "ATTNCC_WARPS": 8,
+            "ATTNCC_BLOCK_N": 128,
+            "ATTNCC_TMA": 1,
+            "ATTNCC_STAGES": 2,
+            "ATTNCC_Q_BUFFERS": 2,
+            "ATTNCC_PINGPONG": 1,
+        },
+    ),
 }
-FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS] + [("paged_decode", "bf16-128")]
+FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS if variant != "wgmma2-default"]
+FULL_COMPILE += [("paged_decode", "split-bf16-128")]
 FULL_COMPILE += [
     (name, wgmma)
     for name in ("document_mask", "softcap")
@@ -146,11 +179,19 @@ FULL_COMPILE += [
         "wgmma2-row-sums-bf16-64",
     )
 ]
+# every example's every family in the front end: its default variant (and variant 1)
+PTX_VARIANTS = {
+    "hopper": ("wgmma2-default",),
+    "mma": ("bf16-128", "wgmma-bf16-128"),
+    "fma": ("fp32-rows",),
+    "split": ("split-bf16-128",),
+}
 
 
-def arch_flag(variant: str) -> str:
+def arch_flag(family: str, variant: str) -> str:
     """sm_90a for the warp-group MMA variants (their instructions need its features)."""
-    return "-gencode=arch=compute_90a,code=sm_90a" if variant.startswith("wgmma") else "-arch=sm_90"
+    hopper = family == "hopper" or variant.startswith("wgmma")
+    return "-gencode=arch=compute_90a,code=sm_90a" if hopper else "-arch=sm_90"
 
 
 def schedule_of(name: str) -> str:
@@ -160,16 +201,33 @@ def schedule_of(name: str) -> str:
     return "fused" if kernel.schedule == "naive" else (kernel.schedule or "fused")
 
 
+def has_schedule(name: str) -> bool:
+    """Whether the example's default schedule renders for CUDA (the naive one does not)."""
+    _, kernel = attncc.optimise(EXAMPLES / f"{name}.attn")
+    return kernel.schedule != "naive"
+
+
 @cache
-def cuda_source(name: str) -> str:
-    schedule = schedule_of(name)
-    return build(EXAMPLES / f"{name}.attn", target="cuda", schedule=schedule).source  # type: ignore[arg-type]
+def rendered(name: str) -> cuda_backend.Rendered:
+    """The example's CUDA sources as `attncc compile --target cuda` renders them (the naive
+    example's fused schedule)."""
+    schedule = "fused" if schedule_of(name) == "fused" and not has_schedule(name) else None
+    checked, kernel = attncc.optimise(EXAMPLES / f"{name}.attn", schedule)  # type: ignore[arg-type]
+    return cuda_backend.render(kernel, checked.spec)
+
+
+def families(name: str) -> list[str]:
+    return [family for family, _ in rendered(name).sources]
 
 
 def compile_jobs() -> list[tuple[str, str, str]]:
     """(example, variant, mode): "ptx" runs the front end, "full" ptxas too."""
-    variants = ("bf16-128", "fp32-rows", "wgmma-bf16-128")
-    jobs = [(name, variant, "ptx") for name in NAMES for variant in variants]
+    jobs = [
+        (name, variant, "ptx")
+        for name in NAMES
+        for family in families(name)
+        for variant in PTX_VARIANTS[family]
+    ]
     jobs += [(name, variant, "full") for name, variant in FULL_COMPILE]
     return jobs
 
@@ -178,18 +236,23 @@ def compile_jobs() -> list[tuple[str, str, str]]:
 def nvcc_results(tmp: str) -> dict[tuple[str, str, str], tuple[int, str]]:
     def run(job: tuple[str, str, str]) -> tuple[int, str]:
         name, variant, mode = job
-        path = Path(tmp) / f"{name}.cu"
-        defines = [f"-D{k}={v}" for k, v in VARIANTS[variant].items()]
+        family, macros = VARIANTS[variant]
+        path = Path(tmp) / f"{name}.{family}.cu"
+        defines = [f"-D{k}={v}" for k, v in macros.items()]
         out = Path(tmp) / f"{name}.{variant}.{mode}"
         # ptxas reports (-v) whether it had to serialize warp-group MMAs
         flag = ["--ptx"] if mode == "ptx" else ["-c", "-Xptxas", "-v"]
-        cmd = [NVCC or "nvcc", arch_flag(variant), "-std=c++17", *flag, str(path), "-o", str(out)]
+        arch = arch_flag(family, variant)
+        cmd = [NVCC or "nvcc", arch, "-std=c++17", *flag, str(path), "-o", str(out)]
         done = subprocess.run([*cmd, *defines], capture_output=True, text=True, timeout=600)
         return done.returncode, done.stdout + done.stderr
 
     jobs = compile_jobs()
     for name in {job[0] for job in jobs}:  # render serially: one Jinja environment
-        (Path(tmp) / f"{name}.cu").write_text(cuda_source(name))
+        for family, source in rendered(name).sources:
+            (Path(tmp) / f"{name}.{family}.cu").write_text(source)
+    for header, text in cuda_backend.headers():  # beside the sources, as -o DIR writes them
+        (Path(tmp) / header).write_text(text)
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         return dict(zip(jobs, pool.map(run, jobs), strict=True))
 
@@ -208,7 +271,7 @@ def test_example_compiles_with_nvcc(name: str, variant: str, mode: str, nvcc_dir
     # C7510-C7520: ptxas made the warp-group MMAs wait on each other (a branch or a register
     # write inside an MMA window), which costs the Hopper kernels their overlap
     assert "Potential Performance Loss" not in log, log[-4000:]
-    if variant.startswith("wgmma") and mode == "ptx" and schedule_of(name) == "fused":
+    if variant.startswith("wgmma") and mode == "ptx":
         ptx = (Path(nvcc_dir) / f"{name}.{variant}.{mode}").read_text()
         assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in ptx
 
@@ -378,6 +441,7 @@ def test_fused_grid_is_persistent_for_variant_two_without_a_tile_index(
     groups programs; a cap the kernel cannot honour is refused by name."""
     module = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
     monkeypatch.setattr(module, "_multiprocessors", lambda device: 132)
+    monkeypatch.setattr(module, "_key_tile_maps", lambda *args: None)
     assert module._fused_grid(None, 2048, 128, True, 1, None) == (132, 1)
     assert module._fused_grid(None, 2048, 128, True, 2, None) == (264, 1)
     assert module._fused_grid(None, 18, 3, True, 1, None) == (18, 1)
@@ -560,11 +624,11 @@ def test_document_mask_partial_tiles_read_each_document_id_once() -> None:
     key of the thread's fragment (per score, each was a global load), and only where the
     tile index says a tile is not one document's whole. In every loop of the fused kernel:
     mma.sync's and the two sm_90a ones (#if ATTNCC_WGMMA)."""
-    source = build(EXAMPLES / "document_mask.attn", target="cuda").source
-    fused = source.split("attncc_document_mask_fwd(", 1)[1].split("attncc_document_mask_rows(")[0]
-    loops = fused.split("#if ATTNCC_WGMMA == 2\n", 1)[1]
-    pipelined, rest = loops.split("\n#else\n    const int item = (int)blockIdx.x;\n", 1)
-    hopper, mma_sync = rest.split("\n#if ATTNCC_WGMMA\n", 1)[1].split("\n#else\n", 1)
+    sources = dict(rendered("document_mask").sources)
+    fused = sources["hopper"].split("attncc_document_mask_fwd(", 1)[1]
+    pipelined = fused.split("attncc_document_mask_tile_index(")[0]
+    one_block = sources["mma"].split("attncc_document_mask_fwd(", 1)[1]
+    hopper, mma_sync = one_block.split("\n#if ATTNCC_WGMMA\n", 1)[1].split("\n#else\n", 1)
     # the pipelined loop has its tile body twice: the first tile a group sees has no pending
     # P V to issue
     bodies = {"pipelined": 2, "hopper": 1, "mma_sync": 1}
@@ -625,14 +689,21 @@ def test_cuda_environment_follows_the_house_rules() -> None:
     env_ = cuda_backend.environment()
     assert env_.undefined is jinja2.StrictUndefined
     assert env_.trim_blocks and env_.lstrip_blocks
-    assert {"kernels.cu.jinja", "host.py.jinja", "attend.cu.jinja"} <= set(CUDA_TEMPLATES)
+    assert {"family_hopper.cu.jinja", "host.py.jinja", "attend.cu.jinja"} <= set(CUDA_TEMPLATES)
 
 
-@pytest.mark.parametrize("template", ["kernels.cu.jinja", "host.py.jinja"])
+FAMILY_TEMPLATES = [f"family_{family}.cu.jinja" for family in cuda_backend.FAMILIES]
+
+
+@pytest.mark.parametrize("template", [*FAMILY_TEMPLATES, "host.py.jinja"])
 def test_rendering_without_any_variable_raises(template: str) -> None:
-    checked, kernel = attncc.optimise(EXAMPLES / "gqa_causal.attn")
-    values = cuda_backend._Context(kernel, checked.spec.source).values()
-    values["cuda_source"] = "// source"
+    checked, kernel = attncc.optimise(EXAMPLES / "document_mask.attn")
+    context = cuda_backend._Context(kernel, checked.spec.source)
+    values = context.values()
+    values["contents"] = context.contents("hopper", True, values["split"])
+    values["includes"] = cuda_backend.HEADERS
+    values["cuda_sources"] = [("hopper", "// source")]
+    values["cuda_headers"] = [("attncc_cuda.cuh", "// header")]
     assert_every_variable_required(cuda_backend.environment(), template, values)
 
 
@@ -663,3 +734,177 @@ def test_wgmma_probe_compiles_for_sm90a_and_traps_without_its_features(tmp_path:
     cmd = [NVCC or "nvcc", "-arch=sm_90a", "-std=c++17", "-cubin", str(source), "-o", str(cubin)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+# ----------------------------------------------------------------------------- kernel families
+
+KERNEL_NAME = re.compile(r'extern "C" __global__ void[^\n]*?(attncc_\w+)\(|^(attncc_\w+)\(', re.M)
+
+
+def kernel_names(source: str) -> list[str]:
+    return [a or b for a, b in KERNEL_NAME.findall(source)]
+
+
+def test_each_family_holds_only_its_kernels_after_its_header() -> None:
+    """One source per kernel family, the default one (the sm_90a fused kernel) first: each
+    holds its own kernels only, opens with the spec and what it holds, includes the shipped
+    helpers rather than spelling them out, and reads kernel first."""
+    sources = dict(rendered("document_mask").sources)
+    assert list(sources) == ["hopper", "mma", "fma", "split"]
+    assert kernel_names(sources["hopper"]) == [
+        "attncc_document_mask_fwd",
+        "attncc_document_mask_tile_index",
+    ]
+    assert kernel_names(sources["mma"]) == ["attncc_document_mask_fwd"]
+    assert kernel_names(sources["fma"]) == [
+        "attncc_document_mask_rows",
+        "attncc_document_mask_rows_split",
+        "attncc_document_mask_combine",
+    ]
+    assert kernel_names(sources["split"]) == ["attncc_document_mask_split"]
+    for family, source in sources.items():
+        assert source.startswith("// Generated by attncc")
+        assert f"// Kernel family '{family}'" in source
+        assert "//     mask doc[b, m] == doc[b, n]" in source  # the spec, in the header
+        assert "__device__ __forceinline__" not in source  # helpers live in the headers
+        assert '#include "attncc_cuda.cuh"' in source
+        assert ('#include "attncc_hopper.cuh"' in source) == (family in ("hopper", "mma"))
+        # the spec's lines beside the code they become
+        assert "// document_mask.attn:" in source, family
+    assert "ATTNCC_MMA " not in sources["hopper"] and "mma_loop" not in sources["hopper"]
+    assert "hopper_pipelined" not in sources["mma"] and "ATTNCC_WGMMA == 2" not in sources["mma"]
+    # split-KV alone where every call splits the keys: no fused kernels rendered
+    assert families("decode") == ["split", "fma"]
+    assert kernel_names(dict(rendered("decode").sources)["fma"]) == [
+        "attncc_decode_rows_split",
+        "attncc_decode_combine",
+    ]
+    assert families("causal") == ["hopper", "mma", "fma", "split"]
+
+
+def test_headers_are_spec_independent_and_guarded() -> None:
+    headers = dict(cuda_backend.headers())
+    assert list(headers) == ["attncc_cuda.cuh", "attncc_hopper.cuh"]
+    assert "#ifndef ATTNCC_CUDA_CUH" in headers["attncc_cuda.cuh"]
+    assert "__device__ __forceinline__ float attncc_tanh" in headers["attncc_cuda.cuh"]
+    assert '#include "attncc_cuda.cuh"' in headers["attncc_hopper.cuh"]
+    assert "wgmma.mma_async" in headers["attncc_hopper.cuh"]
+    assert rendered("causal").headers == rendered("decode").headers
+    standalone = rendered("causal").standalone()
+    assert "#include" not in standalone
+    assert standalone.count("#ifndef ATTNCC_CUDA_CUH") == 1  # inlined once
+
+
+def test_the_host_compiles_the_family_each_call_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 calls compile the fma source, 16-bit ones the hopper source on an sm_90 GPU
+    (variant 2, with its tile index builder) and the mma source elsewhere or for variant 1,
+    few-query calls the split source; every compile gets the shipped headers."""
+    documents = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
+    drafts = attncc.compile(EXAMPLES / "speculative_decode.attn", target="cuda").module(False)
+    asked: list[tuple[str, tuple[str, ...], str]] = []
+    by_source = {
+        source: family
+        for module in (documents, drafts)
+        for family, source in module._CUDA_SOURCES.items()
+    }
+
+    def kernels(source: str, key: str, defines: Any, names: Any, device: Any, arch: str = "",
+                headers: Any = ()) -> tuple[str, ...]:  # fmt: skip
+        assert key == documents._nvrtc.source_key(source, documents._CUDA_HEADERS)
+        assert headers == documents._CUDA_HEADERS
+        asked.append((by_source[source], names, arch))
+        return tuple(names)
+
+    nvrtc_module = documents._nvrtc
+    monkeypatch.setattr(nvrtc_module, "kernels", kernels)
+    monkeypatch.setattr(nvrtc_module, "prepare", lambda *args, **kwargs: args)
+    monkeypatch.setattr(nvrtc_module, "launch", lambda *args, **kwargs: None)
+    monkeypatch.setattr(nvrtc_module, "resident_blocks", lambda *args: 4)
+    for module in (documents, drafts):
+        monkeypatch.setattr(module, "_shared_limit", lambda device: 227 * 1024)
+        monkeypatch.setattr(module, "_multiprocessors", lambda device: 132)
+        monkeypatch.setattr(module, "_key_tile_maps", lambda *args: None)
+        monkeypatch.setattr(module, "_arrivals", lambda device, count: torch.zeros(count))
+        monkeypatch.setattr(module, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(documents._launch_plan, "FusedPlan", lambda *a, **kw: lambda t: None)
+    device = torch.device("cpu")
+
+    def run(module: Any, tensors: Any, params: Any, dtype: torch.dtype, config: Any) -> None:
+        sizes, _, _ = module._check(tensors, params)
+        params = module._param_defaults(sizes, dict(params))
+        module._launch(tensors, params, False, sizes, dtype, device, config, None)
+
+    def prefill(dtype: torch.dtype, sm90: bool = True, config: Any = None) -> None:
+        monkeypatch.setattr(documents, "_has_wgmma", lambda device: sm90)
+        q = torch.zeros(1, 2, 256, 64, dtype=dtype)
+        doc = torch.zeros(1, 256, dtype=torch.int32)
+        run(documents, *documents._bind([q, q, q, doc], {}), dtype, config)
+
+    def decode(dtype: torch.dtype) -> None:
+        q = torch.zeros(2, 8, 1, 64, dtype=dtype)
+        k, v = (torch.zeros(2, 300, 2, 64, dtype=dtype) for _ in range(2))
+        lengths = torch.tensor([300, 200], dtype=torch.int32)
+        run(drafts, *drafts._bind([q, k, v, lengths], {}), dtype, None)
+
+    prefill(torch.float32)
+    prefill(torch.bfloat16)
+    prefill(torch.bfloat16, sm90=False)
+    prefill(torch.bfloat16, config={"wgmma": 1, "num_warps": 4, "BLOCK_N": 64})
+    decode(torch.bfloat16)
+    decode(torch.float32)
+    fwd, index = "attncc_document_mask_fwd", "attncc_document_mask_tile_index"
+    assert asked == [
+        ("fma", ("attncc_document_mask_rows",), ""),
+        ("hopper", (fwd, index), "a"),
+        ("mma", (fwd,), ""),
+        ("mma", (fwd,), "a"),
+        ("split", ("attncc_speculative_decode_split",), ""),
+        (
+            "fma",
+            ("attncc_speculative_decode_rows_split", "attncc_speculative_decode_combine"),
+            "",
+        ),
+    ]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found: CUDA sources are rendered, not compiled")
+def test_compile_writes_a_standalone_file_or_every_family(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`attncc compile --target cuda` prints the default family's source; `-o FILE` writes it
+    with the headers inlined (nvcc compiles it alone), `-o DIR` every family and the
+    headers."""
+    from attncc import cli
+
+    spec = str(EXAMPLES / "causal.attn")
+    assert cli.main(["compile", spec, "--target", "cuda"]) == 0
+    printed = capsys.readouterr().out
+    assert printed == rendered("causal").source
+    out = tmp_path / "kernel.cu"
+    assert cli.main(["compile", spec, "--target", "cuda", "-o", str(out)]) == 0
+    assert capsys.readouterr().err == f"wrote {out} (target cuda)\n"
+    assert out.read_text() == rendered("causal").standalone()
+    cmd = [
+        NVCC or "nvcc",
+        "-arch=sm_90a",
+        "-std=c++17",
+        "-c",
+        str(out),
+        "-o",
+        str(tmp_path / "k.o"),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    folder = tmp_path / "all"
+    folder.mkdir()
+    assert cli.main(["compile", spec, "--target", "cuda", "-o", str(folder)]) == 0
+    written = sorted(p.name for p in folder.iterdir())
+    assert written == [
+        "attncc_cuda.cuh",
+        "attncc_hopper.cuh",
+        "causal.fma.cu",
+        "causal.hopper.cu",
+        "causal.mma.cu",
+        "causal.split.cu",
+    ]
+    assert (folder / "causal.hopper.cu").read_text() == printed
