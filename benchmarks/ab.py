@@ -69,6 +69,12 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--config", type=json.loads, default=None)
+    parser.add_argument(
+        "--family",
+        default="hopper",
+        help="the CUDA source a replacement not found in the host module applies to "
+        "(hopper, mma, fma, split)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -82,7 +88,9 @@ def main() -> None:
     variants = load_variants(args.variants)
     kernel = attncc.compile(args.spec, target=args.target)
     host = kernel.path.read_text()
-    cuda_source = getattr(kernel.module(interpreted=False), "_CUDA_SOURCE", "")
+    cuda_source = getattr(kernel.module(interpreted=False), "_CUDA_SOURCES", {}).get(
+        args.family, ""
+    )
     sizes = sizes_for(kernel.ir, Shape.parse(args.shape))
     inputs = bench_inputs(kernel.ir, sizes, DTYPES[args.dtype], documents=4)
     rows = sizes[kernel.ir.query_axis.dim] if kernel.ir.query_axis else 1
@@ -103,9 +111,13 @@ def main() -> None:
         path = Path(cache_dir()) / "modules" / f"ab_{tag}_{kernel.path.name}"
         atomic_write(path, patched_host)
         module: Any = load_module(path, interpreted=False)
-        if patched_cuda != getattr(module, "_CUDA_SOURCE", ""):
-            module._CUDA_SOURCE = patched_cuda
-            module._SOURCE_KEY = module._nvrtc.source_key(patched_cuda)
+        sources = getattr(module, "_CUDA_SOURCES", {})
+        if patched_cuda != sources.get(args.family, ""):
+            module._CUDA_SOURCES = {**sources, args.family: patched_cuda}
+            module._SOURCE_KEYS = {
+                **module._SOURCE_KEYS,
+                args.family: module._nvrtc.source_key(patched_cuda, module._CUDA_HEADERS),
+            }
         runs = []
         for c in copies:
             tensors, bound = module._bind([c[n] for n in kernel.input_names], {})
