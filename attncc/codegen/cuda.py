@@ -447,6 +447,7 @@ class _Context:
         return {
             "header": host.header(k, self.source_text),
             "name": self.name,
+            "entry": templating.entry_name(k.name),
             "doc": host.doc(k),
             "fused_fn": f"attncc_{self.name}_fwd",
             "rows_fn": f"attncc_{self.name}_rows",
@@ -509,7 +510,7 @@ def render_wgmma_probe() -> str:
 
 
 def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:
-    """The CUDA source and the host module for ``kernel``; the entry is named like the spec."""
+    """The CUDA source and the host module for ``kernel``; the entry is attncc_<spec name>."""
     if kernel.schedule == "naive":
         raise ValueError(
             f"attncc {kernel.name}: schedule 'naive' is not available for target cuda "
@@ -520,4 +521,4 @@ def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:
     env = environment()
     source = env.get_template("kernels.cu.jinja").render(**values)
     host_module = env.get_template("host.py.jinja").render(cuda_source=source, **values)
-    return Rendered(source, host_module, values["name"])
+    return Rendered(source, host_module, values["entry"])

@@ -484,6 +484,7 @@ class _Context:
         return {
             "header": self.header(),
             "name": cx.safe_name(k.name),
+            "entry": templating.entry_name(k.name),
             "doc": self.doc(),
             "kernel_fn": f"_attncc_{cx.safe_name(k.name)}_fwd",
             "kernel_params": kernel_params,
@@ -531,7 +532,7 @@ class _Context:
 
 
 def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:
-    """Generated module source for ``kernel``; its entry point is named like the spec."""
+    """Generated module source for ``kernel``; its entry point is attncc_<spec name>."""
     context = _Context(kernel, source_text)
     template = {
         "fused": "fused.py.jinja",
@@ -540,4 +541,4 @@ def render(kernel: ir.AttentionKernel, source_text: str = "") -> Rendered:
     }[kernel.schedule or "fused"]
     values = context.fused()
     source = environment().get_template(template).render(**values)
-    return Rendered(source, values["name"], template)
+    return Rendered(source, values["entry"], template)
