@@ -84,5 +84,15 @@ def header(k: ir.AttentionKernel, source_text: str) -> list[str]:
         "",
         "Spec:",
     ]
-    lines += [f"    {line}" for line in source_text.rstrip().splitlines()]
+    lines += [f"    {comment_safe(line)}" for line in source_text.rstrip().split("\n")]
     return lines
+
+
+def comment_safe(line: str) -> str:
+    """A spec line as the text of a one-line comment in Python and C++: characters either
+    language may read as a line break or refuse in source (``\\r``, ``\\x0c``, ``\\u2028``,
+    NUL; a spec comment may hold any of them) appear escaped, and so does a final
+    backslash, which would continue a C++ ``//`` comment over the next line."""
+    line = line.removesuffix("\r")
+    text = "".join(c if c.isprintable() or c == "\t" else ascii(c)[1:-1] for c in line)
+    return text[:-1] + "\\x5c" if text.endswith("\\") else text
