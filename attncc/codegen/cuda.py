@@ -558,6 +558,7 @@ class _Context:
         return {
             "header": host.header(k, self.source_text),
             "name": self.name,
+            "entry": templating.entry_name(k.name),
             "doc": host.doc(k),
             "fused_fn": f"attncc_{self.name}_fwd",
             "rows_fn": None if k.schedule == "split_kv" else f"attncc_{self.name}_rows",
@@ -622,7 +623,7 @@ def render_wgmma_probe() -> str:
 
 
 def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
-    """The CUDA source and the host module for ``kernel``; the entry is named like the spec.
+    """The CUDA source and the host module for ``kernel``; the entry is attncc_<spec name>.
     ``spec`` is the parsed spec (its statements' lines go into comments beside the code that
     implements them), or only its text (no statement comments)."""
     if kernel.schedule == "naive":
@@ -649,4 +650,4 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
     host_module = env.get_template("host.py.jinja").render(
         cuda_sources=sources, cuda_headers=shipped, **values
     )
-    return Rendered(sources[0][1], host_module, values["name"], sources, shipped)
+    return Rendered(sources[0][1], host_module, values["entry"], sources, shipped)

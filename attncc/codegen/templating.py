@@ -11,6 +11,7 @@ from typing import Any
 import jinja2
 
 from attncc.cache import cache_dir
+from attncc.codegen.exprs import safe_name
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 COMMON_TEMPLATE_DIR = TEMPLATES / "common"
@@ -46,6 +47,12 @@ def environment(backend: str) -> jinja2.Environment:
     )
     env.filters["py"] = python_literal
     return env
+
+
+def entry_name(spec_name: str) -> str:
+    """The generated module's entry point: the spec's name behind a prefix, so that no name
+    (``torch``, ``def``, ``_forward``, ``len``) rebinds or shadows a name the module uses."""
+    return f"attncc_{safe_name(spec_name)}"
 
 
 def nested(func: str, parts: list[str]) -> str:

@@ -512,6 +512,7 @@ class _Context:
         return {
             "header": self.header(),
             "name": cx.safe_name(k.name),
+            "entry": templating.entry_name(k.name),
             "doc": self.doc(),
             "kernel_fn": f"_attncc_{cx.safe_name(k.name)}_fwd",
             "kernel_params": kernel_params,
@@ -568,7 +569,7 @@ class _Context:
 
 
 def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
-    """Generated module source for ``kernel``; its entry point is named like the spec.
+    """Generated module source for ``kernel``; its entry point is attncc_<spec name>.
     ``spec`` is the parsed spec (its statements' lines go into comments beside the code that
     implements them), or only its text (no statement comments)."""
     context = _Context(kernel, spec)
@@ -579,4 +580,4 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
     }[kernel.schedule or "fused"]
     values = context.fused()
     source = environment().get_template(template).render(**values)
-    return Rendered(source, values["name"], template)
+    return Rendered(source, values["entry"], template)

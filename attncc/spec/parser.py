@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+import struct
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,9 @@ def _parser() -> Lark:
 
 
 _INT64_MAX = 2**63 - 1
+# Kernel, file and symbol names are built from the spec's names, and file names stop at 255
+# bytes (Triton's cache files are named after the kernel functions, `_attncc_<name>_fwd`).
+MAX_NAME_LENGTH = 128
 
 
 def _span_of_token(tok: Token) -> ast.Span:
@@ -57,6 +62,12 @@ KEYWORDS = frozenset((*_STATEMENT_WORDS, "and", "or", "not"))
 
 def _ident(tok: Token) -> ast.Ident:
     span = _span_of_token(tok)
+    if len(tok) > MAX_NAME_LENGTH:
+        raise SpecError(
+            f"name of {len(tok)} characters; names have at most {MAX_NAME_LENGTH}",
+            span,
+            "use a shorter name",
+        )
     if str(tok) in KEYWORDS:
         raise SpecError(
             f"'{tok}' is a keyword and cannot be used as a name",
@@ -138,7 +149,24 @@ class _ToAst(Transformer[Token, Any]):
         text = str(children[0])
         span = _span_of_token(children[0])
         if any(c in text for c in ".eE"):
-            return ast.Number(float(text), span)
+            value = float(text)
+            # Kernels compute in float32: a literal that is inf or 0 there is not the number
+            # written (and inf rendered as the undefined Python name `inf`).
+            as_float32 = struct.unpack("f", struct.pack("f", value))[0]
+            if math.isinf(as_float32):
+                raise SpecError(
+                    "float literal is past the float32 range (3.4e38) kernels compute in",
+                    span,
+                    "use a smaller number; for masking, write a `mask` statement",
+                )
+            mantissa = re.split("[eE]", text)[0]
+            if as_float32 == 0 and mantissa.strip("0.") != "":
+                raise SpecError(
+                    "float literal is too small for float32 (1.4e-45): kernels would read 0",
+                    span,
+                    "write 0.0 if zero is meant",
+                )
+            return ast.Number(value, span)
         digits = text.lstrip("0")
         if len(digits) > 19 or int(text) > _INT64_MAX:
             raise SpecError(
@@ -255,8 +283,12 @@ _CHARACTER_HINTS = {
     ";": "write one statement per line",
 }
 
-# Deeper expressions than this would exhaust Python's recursion limit in later stages.
-MAX_EXPRESSION_DEPTH = 200
+# Python's parser refuses more than 200 nested parentheses ("too many nested parentheses"),
+# and generated code nests up to twice as deep as the spec (`not x` is `(~(x))`, `a and b`
+# is `((a) & (b))`), plus a few levels of its own: a mask of 100 nested `not`s (or 198
+# nested sums) generated a Triton module that did not compile. Deeper expressions would also
+# exhaust the recursion limit in later stages.
+MAX_EXPRESSION_DEPTH = 90
 
 
 def _signature(err: lark.exceptions.UnexpectedToken) -> tuple[frozenset[str], str]:
