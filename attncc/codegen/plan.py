@@ -321,3 +321,13 @@ def spec_lines(spec: ast.Spec | None) -> SpecLines:
             else:
                 found["scores"].append(cited)
     return SpecLines(**{k: tuple(v) for k, v in found.items()})
+
+
+def lse_permutation(kernel: ir.AttentionKernel) -> tuple[int, ...]:
+    """How the log-sum-exp the kernels write (batch axes, then the query axis) is permuted
+    into the layout a call returns (``AttentionKernel.lse_order``: the scores' own order)."""
+    written = [a.index for a in kernel.batch_axes]
+    written += [kernel.query_axis.index] if kernel.query_axis else []
+    order = kernel.lse_order or tuple(written)
+    return tuple(written.index(i) for i in order)
+

@@ -549,6 +549,7 @@ class _Context:
             "output": {
                 "dims": list(k.output.dims),
                 "lse_dims": [a.dim for a in k.batch_axes] + ([query.dim] if query else []),
+                "lse_permutation": list(plan.lse_permutation(k)),
             },
             "head_dim": k.head_axis.dim,
             "value_dim": k.value_axis.dim,

@@ -218,6 +218,7 @@ class _Lowering:
             ),
             schedule=c.schedule,  # type: ignore[arg-type]
             derived_dims=tuple((d, self.expr(v)) for d, v in c.derived_dims.items()),
+            lse_order=tuple(i for i in softmax.indices if i != key_index),
         )
 
     def scores(

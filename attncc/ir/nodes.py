@@ -261,6 +261,9 @@ class AttentionKernel:
     mask_plan: MaskPlan | None = None
     group: GroupMapping | None = None
     tile_index: TileIndex | None = None
+    # the returned log-sum-exp's axes (the scores' indices without the softmax's, in the
+    # scores' order); kernels write it as batch axes then the query axis and return a view
+    lse_order: tuple[str, ...] = ()
 
     def tensor(self, name: str) -> TensorArg:
         for arg in self.tensors:

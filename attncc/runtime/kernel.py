@@ -115,7 +115,7 @@ class Kernel:
             # benchmarks/host_overhead.py), more than a decode kernel's GPU time; in plain
             # eager mode nothing needs it, and _forward checks the inputs itself
             out, lse = self._launch(tensors, params, return_lse)
-            return (out, lse) if return_lse else out
+            return (out, self._returned_lse(lse)) if return_lse else out
         # the generated checks name the spec input; the op's schema would only say "Tensor"
         self._host._check(tensors, params)
         inputs = [tensors[name] for name in self.input_names]
@@ -123,7 +123,12 @@ class Kernel:
         # the backward recomputes probabilities from the forward's log-sum-exp
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
         out, lse = self._op(*inputs, *values, return_lse=return_lse or grad)
-        return (out, lse) if return_lse else out
+        return (out, self._returned_lse(lse)) if return_lse else out
+
+    def _returned_lse(self, lse: torch.Tensor) -> torch.Tensor:
+        """The log-sum-exp in the scores' index order (a view of what the kernels wrote)."""
+        permutation = self._host._LSE_PERMUTATION
+        return lse if permutation == tuple(range(len(permutation))) else lse.permute(permutation)
 
     def backend_for(self, *args: Any, **kwargs: Any) -> str:
         """The backend a call with these inputs runs: the target, or "triton" for the calls

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
+from attncc.spec.functions import BUILTINS
 from attncc.spec.parser import KEYWORDS, MAX_NAME_LENGTH
 
 # the module, not the function ``attncc.spec.check`` that the package exports under its name
@@ -35,12 +36,11 @@ spec_check = importlib.import_module("attncc.spec.check")
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The checker's function table (name -> arity), read through the module so functions added
-# to it are drawn without a change here. ``where`` takes a condition first; every other
-# function takes numbers.
-FUNCTION_ARITY: dict[str, int] = dict(spec_check._ARITY)
+# The language's function table (name -> arity), so functions added to it are drawn without
+# a change here. ``where`` takes a condition first; every other function takes numbers.
+FUNCTION_ARITY: dict[str, int] = {name: f.arity for name, f in BUILTINS.items()}
 # Functions whose result has the type of their number arguments; the others give floats.
-NUMERIC_FUNCTIONS = frozenset(spec_check.NUMERIC_FUNCTIONS) | {"where"}
+NUMERIC_FUNCTIONS = frozenset(n for n, f in BUILTINS.items() if f.typing != "float")
 BINARY_OPS = ("+", "-", "*", "/", "%")
 COMPARE_OPS = ("==", "!=", "<", "<=", ">", ">=")
 SCHEDULES = spec_check.SCHEDULES

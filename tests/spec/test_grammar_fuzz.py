@@ -8,9 +8,9 @@ generated code unchanged but for those names, and no name lands on a word the ge
 already uses (a helper, an import, a keyword). A few safe specs run on the CPU through the
 Triton interpreter and must agree with the float64 reference.
 
-``ATTNCC_FUZZ_EXAMPLES`` sets the number of specs of the load/build test (default 600: about
-20 s of one CPU core, measured on the 2-core CI machine; the renaming test takes a sixth as
-many, each built twice and tokenised, about 13 s); the run test draws one safe spec per 200
+``ATTNCC_FUZZ_EXAMPLES`` sets the number of specs of the load/build test (default 1000: about
+70 ms of one CPU core a spec on the 2-core CI machine, a third of it drawing the spec; the
+renaming test takes a sixth as many, each built twice and tokenised); the run test draws one safe spec per 200
 (at least 3). A deep run:
 ``ATTNCC_FUZZ_EXAMPLES=100000 python -m pytest -q tests/spec/test_grammar_fuzz.py``.
 """
@@ -34,7 +34,7 @@ from attncc.checking import Case, draw_sizes, run_case
 from attncc.spec import SpecError, load
 from attncc.spec.check import CheckedSpec
 
-EXAMPLES = int(os.environ.get("ATTNCC_FUZZ_EXAMPLES", "600"))
+EXAMPLES = int(os.environ.get("ATTNCC_FUZZ_EXAMPLES", "1000"))
 RUN_EXAMPLES = max(3, EXAMPLES // 200)
 TARGETS = ("triton", "cuda")
 
