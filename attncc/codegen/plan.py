@@ -330,4 +330,3 @@ def lse_permutation(kernel: ir.AttentionKernel) -> tuple[int, ...]:
     written += [kernel.query_axis.index] if kernel.query_axis else []
     order = kernel.lse_order or tuple(written)
     return tuple(written.index(i) for i in order)
-

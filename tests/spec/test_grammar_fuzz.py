@@ -10,8 +10,8 @@ Triton interpreter and must agree with the float64 reference.
 
 ``ATTNCC_FUZZ_EXAMPLES`` sets the number of specs of the load/build test (default 1000: about
 70 ms of one CPU core a spec on the 2-core CI machine, a third of it drawing the spec; the
-renaming test takes a sixth as many, each built twice and tokenised); the run test draws one safe spec per 200
-(at least 3). A deep run:
+renaming test takes a sixth as many, each built twice and tokenised); the run test draws one
+safe spec per 200 (at least 3). A deep run:
 ``ATTNCC_FUZZ_EXAMPLES=100000 python -m pytest -q tests/spec/test_grammar_fuzz.py``.
 """
 
