@@ -35,7 +35,8 @@ def _parser() -> Lark:
     )
 
 
-_INT64_MAX = 2**63 - 1
+# kernels compute integer expressions in int32 (index arithmetic, i32 params and inputs)
+_INT32_MAX = 2**31 - 1
 # Kernel, file and symbol names are built from the spec's names, and file names stop at 255
 # bytes (Triton's cache files are named after the kernel functions, `_attncc_<name>_fwd`).
 MAX_NAME_LENGTH = 128
@@ -168,9 +169,9 @@ class _ToAst(Transformer[Token, Any]):
                 )
             return ast.Number(value, span)
         digits = text.lstrip("0")
-        if len(digits) > 19 or int(text) > _INT64_MAX:
+        if len(digits) > 10 or int(text) > _INT32_MAX:
             raise SpecError(
-                "integer literal does not fit in 64 bits",
+                "integer literal does not fit in 32 bits (2147483647), the kernels' integers",
                 span,
                 f"write it as a float ({digits[0]}e{len(digits) - 1}) if a float is meant",
             )

@@ -245,8 +245,15 @@ SYNTAX = [
         "integer-too-large",
         edit(("* scale", "* 123456789012345678901234")),
         "8:49",
-        "integer literal does not fit in 64 bits",
+        "integer literal does not fit in 32 bits",
         "1e23",
+    ),
+    Case(
+        "integer-past-int32",
+        edit(("mask m >= n", "mask m + 2147483648 >= n")),
+        "9:10",
+        "integer literal does not fit in 32 bits",
+        "2e9",
     ),
 ]
 
