@@ -97,7 +97,7 @@ def test_bfloat16_gradients(name: str) -> None:
 def test_fully_masked_rows_give_zero_gradients() -> None:
     kernel = compiled("sliding_window", "fused")
     given = inputs("sliding_window", torch.float32)
-    grad_out = torch.randn(given["q"].shape)
+    grad_out = torch.randn(given["q"].shape).to(DEVICE)
     out, grads = run(kernel, given, grad_out, window=0)
     assert torch.equal(out, torch.zeros_like(out))
     for grad in grads.values():
@@ -107,7 +107,7 @@ def test_fully_masked_rows_give_zero_gradients() -> None:
 def test_gradients_are_deterministic() -> None:
     kernel = compiled("gqa_causal", "fused")
     given = inputs("gqa_causal", torch.float32)
-    grad_out = torch.randn(given["q"].shape)
+    grad_out = torch.randn(given["q"].shape).to(DEVICE)
     _, first = run(kernel, given, grad_out)
     _, second = run(kernel, given, grad_out)
     for name in first:
@@ -124,7 +124,7 @@ def test_spec_without_backward_names_why() -> None:
 def test_compile_fullgraph_and_checkpoint_trace_the_backward() -> None:
     kernel = compiled("alibi", "fused")
     given = inputs("alibi", torch.float32, m=20, n=20)
-    grad_out = torch.randn(given["q"].shape)
+    grad_out = torch.randn(given["q"].shape).to(DEVICE)
     _, eager = run(kernel, given, grad_out)
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:

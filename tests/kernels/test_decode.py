@@ -17,7 +17,7 @@ import torch
 import attncc
 from attncc.runtime.kernel import Kernel
 
-from ._support import compiled, evaluate
+from ._support import DEVICE, compiled, evaluate
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
@@ -48,7 +48,7 @@ def inputs(kind: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(7)
 
     def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(shape, generator=gen).to(dtype)
+        return torch.randn(shape, generator=gen).to(DEVICE, dtype)
 
     batch, length, dim = 2, 37, 16
     if kind == "mha":
@@ -62,7 +62,7 @@ def inputs(kind: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         "q": randn(batch, heads, dim),
         "k": randn(batch, length, kv_heads, dim),
         "v": randn(batch, length, kv_heads, dim),
-        "cache_len": torch.tensor([length, 20], dtype=torch.int32),
+        "cache_len": torch.tensor([length, 20], dtype=torch.int32, device=DEVICE),
     }
 
 

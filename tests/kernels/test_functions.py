@@ -55,6 +55,11 @@ def terms(name: str) -> str:
         on_floats = f"{name}(m >= n, s, 0.5 * s)"
     else:
         on_ints = f"{name}({', '.join([INT] * arity)})" if name != "pow" else f"pow({INT}, 2)"
+        if name == "exp":
+            # compiled, exp is exp2 of x * log2(e) (ex2.approx): relative error ~|x| * 2^-23,
+            # which at INT's 9 (e^9 * 0.1 = 810 added to the scores) is 8x numpy's float32 exp
+            # on an H200. The test is of the int-to-float conversion, so smaller ints.
+            on_ints = "exp(n % 3 - w)"
         on_floats = f"{name}({', '.join(FLOAT.get(name, ('s',) * arity))})"
     extra = " + pow(s, 3) * 0.1" if name == "pow" else ""
     return f"{on_ints} * 0.1 + {on_floats}{extra}"

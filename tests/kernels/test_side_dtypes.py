@@ -12,7 +12,7 @@ import torch
 import attncc
 from attncc.reference import reference
 
-from ._support import compiled, evaluate, example_path
+from ._support import DEVICE, compiled, evaluate, example_path
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
@@ -28,11 +28,11 @@ def side_inputs(name: str, dtype: torch.dtype, side: torch.dtype) -> dict[str, t
         return torch.randn(shape, generator=gen)
 
     given = {"q": randn(B, H, M, D), "k": randn(B, H, N, D), "v": randn(B, H, N, D)}
-    given = {k: t.to(dtype) for k, t in given.items()}
+    given = {k: t.to(DEVICE, dtype) for k, t in given.items()}
     if name == "alibi":
-        given["slopes"] = (torch.rand(H, generator=gen) * 2).to(side)
+        given["slopes"] = (torch.rand(H, generator=gen) * 2).to(DEVICE, side)
     else:
-        given["bias"] = (randn(B, H, M, N) * 3).to(side)
+        given["bias"] = (randn(B, H, M, N) * 3).to(DEVICE, side)
     return given
 
 
@@ -67,11 +67,12 @@ def test_an_fp32_bias_is_read_as_fp32() -> None:
     rounded = {**given, "bias": given["bias"].to(torch.bfloat16)}
     _, exact_verdict, _, _ = evaluate(kernel, given, {}, torch.bfloat16)
     assert exact_verdict.ok, exact_verdict
-    expected = torch.from_numpy(reference(kernel.spec)(**given, return_lse=True)[1])
+    host = {name: t.cpu() for name, t in given.items()}
+    expected = torch.from_numpy(reference(kernel.spec)(**host, return_lse=True)[1])
     _, as_given = kernel(**given, return_lse=True)
     _, as_rounded = kernel(**rounded, return_lse=True)
-    error = (as_given.double() - expected).abs().max()
-    assert error < 0.5 * (as_rounded.double() - expected).abs().max(), error
+    error = (as_given.double().cpu() - expected).abs().max()
+    assert error < 0.5 * (as_rounded.double().cpu() - expected).abs().max(), error
 
 
 def test_side_inputs_must_still_be_floats() -> None:
