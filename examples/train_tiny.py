@@ -9,7 +9,7 @@ batches of random tokens (a fixed set, so the loss can fall by memorising them),
 
 On the CPU the kernel runs in the Triton interpreter: ``python examples/train_tiny.py``
 (``--steps N``, default 50) prints both curves and the time taken. The interpreter makes it
-slow: 50 steps took 75 s of CPU time on an idle core (each step runs two layers' forward,
+slow: 50 steps took 75 s of user CPU time (each step runs two layers' forward,
 ~0.15 s, and backward, ~0.4 s; Triton's interpreter checks every int32 index operation for
 overflow, ~40% of a backward's time). tests/test_train_tiny.py runs 12 steps.
 """
