@@ -4,6 +4,10 @@ Used by ``attncc check`` and the test suites. Inputs are drawn fresh for every t
 zeros), outputs are poisoned with NaN before the run so unwritten elements show, and the
 verdict follows ``attncc.tolerance``. A trial whose kernel (or reference) raises is a failed
 result with the error, not the end of the run.
+
+``check_backward`` draws the same trials and checks gradients instead: forward and backward
+with a random ``grad_out``, every float input's gradient against ``reference_grads`` in
+float64 by ``compare_grad``, the bound set by the same math done eagerly in the trial's dtype.
 """
 
 from __future__ import annotations
@@ -16,14 +20,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from attncc.codegen.backward import BackwardUnsupported, check_supported
 from attncc.ir import nodes as ir
 from attncc.ir.nodes import AttentionKernel
 from attncc.ir.printer import expr_str as ir_str
 from attncc.ir.verify import subexprs
 from attncc.reference import Rounding, reference
+from attncc.reference_grad import float_inputs, reference_grads
 from attncc.runtime.kernel import Kernel
 from attncc.text import format_table
-from attncc.tolerance import Verdict, compare
+from attncc.tolerance import Verdict, compare, compare_grad
 from attncc.torch_eval import evaluate
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -528,6 +534,143 @@ def table(results: Sequence[Result]) -> str:
             if r.ok
             else f"FAIL ({r.output.reason or r.lse.reason})"
         )
+        rows.append(
+            (r.case.describe(), DTYPE_NAMES[r.case.dtype], r.case.layout, params, *numbers, verdict)
+        )
+    return format_table(rows)
+
+
+# ----------------------------------------------------------------------------- gradients
+
+# how attncc.codegen.backward words a refusal: "attncc NAME: no backward for this spec: WHY"
+NO_BACKWARD = "no backward for this spec: "
+
+
+@dataclass(frozen=True)
+class GradResult:
+    """The gradient verdicts of one trial, by float input; ``error`` is set (and ``grads``
+    empty) when the kernel or the reference raised."""
+
+    case: Case
+    grads: dict[str, Verdict]
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and all(v.ok for v in self.grads.values())
+
+    @property
+    def worst(self) -> tuple[str, Verdict] | None:
+        """The failing gradient furthest above its bound, else the closest to it."""
+        if not self.grads:
+            return None
+
+        def badness(item: tuple[str, Verdict]) -> tuple[bool, float]:
+            v = item[1]
+            ratio = v.error / v.bound if v.bound > 0 else (0.0 if v.error == 0 else math.inf)
+            return (not v.ok, ratio)
+
+        return max(self.grads.items(), key=badness)
+
+
+def backward_refusal(kernel: AttentionKernel) -> str | None:
+    """Why ``kernel`` has no backward (the words after "no backward for this spec: "), or
+    None when it has one."""
+    try:
+        check_supported(kernel)
+    except BackwardUnsupported as err:
+        return str(err).split(NO_BACKWARD, 1)[-1]
+    return None
+
+
+def _grad_verdict(
+    grad: torch.Tensor | None, exact: torch.Tensor, eager: torch.Tensor, dtype: torch.dtype
+) -> Verdict:
+    if grad is None:
+        nan = float("nan")
+        return Verdict(nan, nan, nan, nan, False, "no gradient")
+    name = DTYPE_NAMES.get(dtype, "float32")  # an f64 input: float32's floor, the smallest
+    return compare_grad(_numpy(grad), _numpy(exact), _numpy(eager), name)
+
+
+def run_grad_case(
+    kernel: Kernel, case: Case, device: str, rng: np.random.Generator, raise_errors: bool = False
+) -> GradResult:
+    """One gradient trial: the inputs ``run_case`` would draw, a random ``grad_out``, the
+    kernel's forward and backward against ``reference_grads``. An exception of the kernel or
+    the reference is a failed result naming it (``raise_errors``: raised)."""
+    inputs = make_inputs(kernel.ir, case.sizes, case.dtype, device, rng, case.layout)
+    floats = set(float_inputs(kernel.ir))
+    gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
+    shape = [case.sizes[d] for d in kernel.ir.output.dims]
+    grad_out = torch.randn(shape, generator=gen).to(case.dtype)
+    # the reference first, as run_case does: it refuses reads outside a tensor
+    stage = "reference: "
+    try:
+        host = {k: v.cpu() for k, v in inputs.items()}
+        _, exact = reference_grads(kernel.spec, host, grad_out, case.params)
+        _, eager = reference_grads(kernel.spec, host, grad_out, case.params, dtype=case.dtype)
+        stage = ""
+        # detach keeps each input's strides: the backward sees the drawn layout
+        leaves = {k: v.detach().requires_grad_(k in floats) for k, v in inputs.items()}
+        with torch.enable_grad():
+            out = kernel(**leaves, **case.params, return_lse=False)
+            out.backward(grad_out.to(device, out.dtype))
+    except Exception as err:
+        if raise_errors:
+            raise
+        return GradResult(case, {}, stage + _error_text(err))
+    verdicts = {
+        name: _grad_verdict(leaves[name].grad, exact[name], eager[name], leaves[name].dtype)
+        for name in float_inputs(kernel.ir)
+    }
+    return GradResult(case, verdicts)
+
+
+def check_backward(
+    kernel: Kernel,
+    trials: int = 8,
+    seed: int = 0,
+    device: str = "cpu",
+    dtypes: Sequence[torch.dtype] = (torch.float32, torch.float16, torch.bfloat16),
+    max_len: int = 96,
+    dims: Mapping[str, int] | None = None,
+    params: Mapping[str, int | float] | None = None,
+    raise_errors: bool = False,
+) -> list[GradResult]:
+    """``check``'s trials (the same cases for the same arguments), checking gradients.
+    ValueError, naming why, for a kernel without a backward."""
+    check_dims(kernel.ir, dims or {})
+    check_params(kernel.ir, params or {})
+    why = backward_refusal(kernel.ir)
+    if why is not None:
+        raise ValueError(NO_BACKWARD + why)
+    rng = np.random.default_rng(seed + 1)
+    return [
+        run_grad_case(kernel, case, device, rng, raise_errors)
+        for case in cases(kernel.ir, trials, seed, dtypes, max_len, dims, params)
+    ]
+
+
+def grad_table(results: Sequence[GradResult]) -> str:
+    """One row per trial: the worst gradient (by error over bound) and its verdict."""
+    rows = [("shape", "dtype", "layout", "params", "grad", "error", "bound", "verdict")]
+    for r in results:
+        params = ",".join(f"{k}={v:.3g}" for k, v in r.case.params.items()) or "defaults"
+        worst = r.worst
+        if r.error or worst is None:
+            numbers = ("-", "-", "-")
+        else:
+            name, v = worst
+            numbers = (f"d{name}", f"{v.error:.2e}", f"{v.bound:.2e}")
+        if r.error:
+            verdict = f"error: {r.error}"
+        elif r.ok:
+            verdict = "ok"
+        else:
+            failing = [f"d{n}" for n, v in r.grads.items() if not v.ok]
+            reason = worst[1].reason if worst is not None else ""
+            verdict = f"FAIL ({', '.join(failing)}: {reason})"
         rows.append(
             (r.case.describe(), DTYPE_NAMES[r.case.dtype], r.case.layout, params, *numbers, verdict)
         )

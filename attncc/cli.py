@@ -223,7 +223,17 @@ def _check_cmd(args: argparse.Namespace) -> int:
     import torch
 
     import attncc
-    from attncc.checking import DTYPES, check, check_dims, check_params, table
+    from attncc.checking import (
+        DTYPES,
+        NO_BACKWARD,
+        backward_refusal,
+        check,
+        check_backward,
+        check_dims,
+        check_params,
+        grad_table,
+        table,
+    )
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda, but no CUDA device is available")
@@ -238,8 +248,7 @@ def _check_cmd(args: argparse.Namespace) -> int:
         check_params(kernel.ir, params)
     except ValueError as err:
         raise UsageError(f"{args.spec}: {err}") from None
-    results = check(
-        kernel,
+    options: dict[str, Any] = dict(
         trials=args.trials,
         seed=args.seed,
         device=args.device,
@@ -250,8 +259,18 @@ def _check_cmd(args: argparse.Namespace) -> int:
         raise_errors=args.debug,
     )
     shown = "" if kernel.target == "triton" else f", target {kernel.target}"
-    print(f"{kernel.name} ({kernel.ir.schedule}, {args.device}{shown}):")
-    print(table(results))
+    results: Sequence[Any]
+    if args.backward:
+        why = backward_refusal(kernel.ir)
+        if why is not None:
+            raise UsageError(f"{args.spec}: {NO_BACKWARD}{why}")
+        results = check_backward(kernel, **options)
+        print(f"{kernel.name} ({kernel.ir.schedule}, {args.device}{shown}, backward):")
+        print(grad_table(results))
+    else:
+        results = check(kernel, **options)
+        print(f"{kernel.name} ({kernel.ir.schedule}, {args.device}{shown}):")
+        print(table(results))
     failed = sum(not r.ok for r in results)
     print(f"{len(results) - failed} passed, {failed} failed")
     return EXIT_FAILED if failed else 0
@@ -400,6 +419,12 @@ def parser() -> argparse.ArgumentParser:
     )
     check_p.add_argument("--target", default="auto", choices=TARGET_CHOICES, help=TARGET_HELP)
     check_p.add_argument("--schedule", choices=SCHEDULES)
+    check_p.add_argument(
+        "--backward",
+        action="store_true",
+        help="check gradients instead: every float input's against float64 autograd "
+        "(fused prefill kernels)",
+    )
     check_p.set_defaults(func=_check_cmd)
 
     demo_p = sub.add_parser(

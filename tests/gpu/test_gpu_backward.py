@@ -1,0 +1,27 @@
+"""Gradients of the fused kernels at training sizes on a CUDA GPU (B=2, H=8, S=1024-2048,
+D=64/128, bf16) against the float64 autograd reference, by flash-attn's rule.
+
+The logic is tests/grad_cases.py's, which tests/kernels/test_backward_tiny.py runs at tiny
+sizes on the CPU; the float64 reference there notes its memory at S=2048 (a few GB).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from grad_cases import NAMES, draw, gradient_verdicts
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("seq", "head_dim"), [(1024, 128), (2048, 64)])
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_at_training_sizes_on_gpu(name: str, seq: int, head_dim: int) -> None:
+    given, params = draw(name, 2, 8, seq, head_dim, torch.bfloat16, "cuda")
+    verdicts = gradient_verdicts(name, given, params)
+    failing = {n: v for n, v in verdicts.items() if not v.ok}
+    assert not failing, failing
+    torch.cuda.empty_cache()
