@@ -90,7 +90,9 @@ def side_grads(k: ir.AttentionKernel) -> tuple[SideGrad, ...]:
 
 def check_supported(k: ir.AttentionKernel) -> None:
     """Raise ``BackwardUnsupported`` naming the first thing this backward lacks."""
-    if k.schedule != "fused" or k.query_axis is None:
+    if k.query_axis is None:
+        raise _refuse(k, "decode (no query axis) has no backward: only prefill kernels do")
+    if k.schedule != "fused":
         raise _refuse(
             k, f"only the fused prefill schedule has a backward (this kernel is {k.schedule})"
         )
