@@ -23,7 +23,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -49,6 +49,10 @@ class AttnccMask:
     offset: int
     key_padding: torch.Tensor | None = None
     dense: torch.Tensor | None = None
+    # generate() builds the mask ahead of the forward for static caches and passes it back in
+    # as the model's attention_mask; transformers' mask preprocessing then reads .ndim (2 for
+    # a padding mask to build on) before handing it to attention_mask() below, which returns it
+    ndim: ClassVar[int] = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,13 +145,15 @@ def attention_mask(
     q_offset: int | torch.Tensor = 0,
     kv_offset: int = 0,
     mask_function: Any = None,
-    attention_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | AttnccMask | None = None,
     **kwargs: Any,
 ) -> AttnccMask:
     """transformers' mask-interface function for ``"attncc"`` (see ``sdpa_mask`` for the
     arguments): the mask's pattern, offsets and key-padding mask, not a materialised mask."""
     from transformers import masking_utils as mu
 
+    if isinstance(attention_mask, AttnccMask):
+        return attention_mask  # built by generate() for this very step (see AttnccMask.ndim)
     # a static cache passes its query offset as a tensor so compiled graphs do not break
     q_start = int(q_offset)
     if mask_function is None:

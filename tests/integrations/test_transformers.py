@@ -231,3 +231,25 @@ def test_import_attncc_leaves_transformers_out() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2"])
+def test_static_cache_decode(family: str) -> None:
+    """A static cache hands attention all its slots, the unwritten ones too, with a query
+    offset (a tensor) into them: the padding mask hides the unwritten slots. generate()
+    builds these masks ahead of the forward and passes them back in as attention_mask."""
+    ours, ref = pair(family)
+    ids, mask = batch(padded=True)
+    args = dict(
+        attention_mask=mask,
+        max_new_tokens=3,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        cache_implementation="static",
+    )
+    got = ours.generate(ids, **args)
+    want = ref.generate(ids, **args)
+    assert torch.equal(got.sequences, want.sequences)
+    for step_got, step_want in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(step_got, step_want, **TOL)
