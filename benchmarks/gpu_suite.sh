@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [quick] [auto] [startup] [firstcall] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [quick] [auto] [startup] [firstcall] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -269,7 +269,24 @@ if has kernels; then
     grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/kernel_tests.log" | head -30
 fi
 
+if has hf; then
+    # transformers end to end (benchmarks/hf_e2e.py): a random 8-layer Llama-like model, bf16,
+    # prefill 2k tokens then 64 greedy steps, tokens/s for sdpa, attncc and flex_attention.
+    # The GPU machine has no transformers: its wheels travel in .whl (benchmarks/README.md).
+    if ! python3 -c "import transformers" 2>/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+        export PYTHONPATH=/tmp/site:$PWD
+    fi
+    for b in 1 8; do
+        timeout 500 python3 benchmarks/hf_e2e.py --batch $b --json "$OUT/hf_e2e_$gpu.jsonl" 2>&1 | tee -a "$OUT/hf_e2e_$gpu.log"
+    done
+    # the attncc integration's own tests, here on the CPU of the GPU machine
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/integrations > "$OUT/hf_tests.log" 2>&1
+    grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/hf_tests.log" | head -20
+fi
+
 echo "== summary"
 [ -f "$OUT/gpu_tests.log" ] && grep -hE "[0-9]+ (passed|failed)" "$OUT/gpu_tests.log"
+[ -f "$OUT/hf_e2e_$gpu.log" ] && grep -E "^device|tok/s|^ +(sdpa|attncc|flex_attention) " "$OUT/hf_e2e_$gpu.log"
 [ -f "$OUT/bench.log" ] && grep -vE "^(device|spec)" "$OUT/bench.log" | cut -c1-200
 exit 0

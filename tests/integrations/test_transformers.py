@@ -1,0 +1,255 @@
+"""attn_implementation="attncc" in transformers gives the logits of its own attention.
+
+Tiny randomly initialised models of each family, built from configs (nothing is downloaded),
+run once with attncc and once with transformers' "sdpa" (Gemma 2: "eager", as sdpa has no
+soft-capping) on the same weights: prefill with and without padding, and greedy decoding
+through the model's KV cache. The weights are drawn wider than transformers' default
+(initializer_range 0.02) so attention is peaked and a wrong mask moves the logits far past
+the tolerance (test_tolerance_sees_a_wrong_mask pins that).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    GptOssConfig,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+)
+
+from attncc.integrations import transformers as attncc_hf
+
+SIZES = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+    max_position_embeddings=128,
+    initializer_range=0.3,
+    pad_token_id=0,
+)
+# fp32 logits of order 1-10 from models this small: the kernels' error is ~1e-6
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+# the specs each family's layers run, unpadded (a padded batch runs the *_padded ones)
+SPECS_RUN = {
+    "llama": {"hf_causal"},
+    "qwen2": {"hf_causal"},
+    "mistral": {"hf_causal_window"},
+    "gemma2": {"hf_causal_window_softcap", "hf_causal_softcap"},
+}
+
+FAMILIES = {
+    "llama": (LlamaConfig, {}, "sdpa"),
+    "qwen2": (Qwen2Config, {}, "sdpa"),
+    "mistral": (MistralConfig, {"sliding_window": 4}, "sdpa"),
+    # layers alternate sliding (window 4) and full; scores soft-capped at 2
+    "gemma2": (
+        Gemma2Config,
+        {
+            "sliding_window": 4,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 30.0,
+            "query_pre_attn_scalar": 16,
+        },
+        "eager",
+    ),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered() -> None:
+    attncc_hf.register()
+
+
+@pytest.fixture
+def specs_run(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The names of the specs the attention calls ran."""
+    names: set[str] = set()
+    compiled = attncc_hf.kernel
+
+    def spy(name: str) -> attncc_hf.Kernel:
+        names.add(name)
+        return compiled(name)
+
+    monkeypatch.setattr(attncc_hf, "kernel", spy)
+    return names
+
+
+def pair(family: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(attncc model, reference model) of one family, with the same weights."""
+    config_class, extra, reference = FAMILIES[family]
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(
+        config_class(**SIZES, **extra), attn_implementation=reference
+    ).eval()
+    # from_config sets the implementation on the config it is given: one config each
+    ours = AutoModelForCausalLM.from_config(
+        config_class(**SIZES, **extra), attn_implementation="attncc"
+    ).eval()
+    ours.load_state_dict(ref.state_dict())
+    assert ours.config._attn_implementation == "attncc"
+    assert ref.config._attn_implementation == reference
+    return ours, ref
+
+
+def batch(padded: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two sequences of 9 tokens; padded: the second has 3 pad tokens on the left."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, SIZES["vocab_size"], (2, 9), generator=generator)
+    mask = torch.ones_like(ids)
+    if padded:
+        ids[1, :3] = 0
+        mask[1, :3] = 0
+    return ids, mask
+
+
+def real(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The logits at real tokens (pad positions see no key; their values are anyone's)."""
+    return logits[mask.bool()]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_prefill_logits(family: str, padded: bool, specs_run: set[str]) -> None:
+    ours, ref = pair(family)
+    ids, mask = batch(padded)
+    with torch.no_grad():
+        got = ours(ids, attention_mask=mask).logits
+        want = ref(ids, attention_mask=mask).logits
+    torch.testing.assert_close(real(got, mask), real(want, mask), **TOL)
+    assert specs_run == {name + ("_padded" if padded else "") for name in SPECS_RUN[family]}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_decode(family: str, specs_run: set[str]) -> None:
+    """3 greedy steps through the model's cache, left-padded batch: the window (4) is
+    passed while decoding, so the cache is read bottom-right aligned with an offset."""
+    ours, ref = pair(family)
+    ids, mask = batch(padded=True)
+    args = dict(
+        attention_mask=mask,
+        max_new_tokens=3,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    got = ours.generate(ids, **args)
+    want = ref.generate(ids, **args)
+    assert torch.equal(got.sequences, want.sequences)
+    for step_got, step_want in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(step_got, step_want, **TOL)
+    # a sliding cache drops the pad tokens once they leave the window: unpadded specs then
+    assert {name.removesuffix("_padded") for name in specs_run} == SPECS_RUN[family]
+    assert any(name.endswith("_padded") for name in specs_run)
+
+
+def test_tolerance_sees_a_wrong_mask() -> None:
+    """The comparison can fail: Mistral's logits with and without its window differ by far
+    more than the tolerance, and so do those with and without the padding mask."""
+    _, ref = pair("mistral")
+    ids, mask = batch(padded=True)
+    config = MistralConfig(**{**SIZES, "sliding_window": None})
+    unwindowed = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    unwindowed.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        windowed = ref(ids, attention_mask=mask).logits
+        full = unwindowed(ids, attention_mask=mask).logits
+        unpadded = ref(ids).logits
+    assert (windowed - full).abs().max() > 1000 * TOL["atol"]
+    assert (real(windowed, mask) - real(unpadded, mask)).abs().max() > 1000 * TOL["atol"]
+
+
+def test_packed_sequences_run_on_a_dense_mask(specs_run: set[str]) -> None:
+    """Packed sequences (position ids restarting, no cache) are a mask pattern no spec
+    states: the mask function materialises it and hf_dense runs it."""
+    ours, ref = pair("llama")
+    ids, _ = batch(padded=False)
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1]] * 2)
+    with torch.no_grad():
+        got = ours(ids, position_ids=positions, use_cache=False).logits
+        want = ref(ids, position_ids=positions, use_cache=False).logits
+    torch.testing.assert_close(got, want, **TOL)
+    assert specs_run == {"hf_dense"}
+
+
+def test_4d_masks_from_the_caller() -> None:
+    """A caller's own 4-D mask (boolean or additive) reaches the attention as it is."""
+    ours, ref = pair("llama")
+    ids, _ = batch(padded=False)
+    allowed = torch.rand(2, 1, 9, 9, generator=torch.Generator().manual_seed(2)) < 0.6
+    allowed |= torch.eye(9, dtype=torch.bool)  # every query sees a key
+    additive = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+    for mask in (allowed, additive):
+        with torch.no_grad():
+            got = ours(ids, attention_mask=mask, use_cache=False).logits
+            want = ref(ids, attention_mask=mask, use_cache=False).logits
+        torch.testing.assert_close(got, want, **TOL)
+
+
+def test_sinks_are_refused_by_name() -> None:
+    """gpt-oss passes attention sinks (s_aux); until the spec language has them the call
+    stops with an error that names them, never an answer without them."""
+    config = GptOssConfig(
+        **{**SIZES, "intermediate_size": 64},
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        sliding_window=4,
+    )
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="attncc").eval()
+    ids, mask = batch(padded=False)
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="sinks"):
+        model(ids, attention_mask=mask)
+
+
+def test_specs_compile_once_per_process() -> None:
+    assert attncc_hf.kernel("hf_causal") is attncc_hf.kernel("hf_causal")
+    for name in attncc_hf.SPEC_TABLE.values():
+        assert (attncc_hf.SPECS / f"{name}.attn").is_file()
+
+
+def test_register_is_idempotent() -> None:
+    attncc_hf.register()
+    attncc_hf.register()
+    assert transformers.AttentionInterface._global_mapping["attncc"] is attncc_hf.attention_forward
+
+
+def test_import_attncc_leaves_transformers_out() -> None:
+    code = "import sys, attncc; print('transformers' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2"])
+def test_static_cache_decode(family: str) -> None:
+    """A static cache hands attention all its slots, the unwritten ones too, with a query
+    offset (a tensor) into them: the padding mask hides the unwritten slots. generate()
+    builds these masks ahead of the forward and passes them back in as attention_mask."""
+    ours, ref = pair(family)
+    ids, mask = batch(padded=True)
+    args = dict(
+        attention_mask=mask,
+        max_new_tokens=3,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        cache_implementation="static",
+    )
+    got = ours.generate(ids, **args)
+    want = ref.generate(ids, **args)
+    assert torch.equal(got.sequences, want.sequences)
+    for step_got, step_want in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(step_got, step_want, **TOL)
