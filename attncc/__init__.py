@@ -3,6 +3,7 @@
 from attncc.api import compile, optimise
 from attncc.runtime.kernel import Kernel
 from attncc.spec import SpecError, load
+from attncc.varlen import varlen
 from attncc.version import __version__
 
-__all__ = ["Kernel", "SpecError", "__version__", "compile", "load", "optimise"]
+__all__ = ["Kernel", "SpecError", "__version__", "compile", "load", "optimise", "varlen"]
