@@ -261,6 +261,9 @@ class AttentionKernel:
     mask_plan: MaskPlan | None = None
     group: GroupMapping | None = None
     tile_index: TileIndex | None = None
+    # ``softmax(s, n, sink)``: a logit per row added to the softmax's normaliser only
+    # (gpt-oss's attention sinks); it reads batch indices only
+    sink: Expr | None = None
 
     def tensor(self, name: str) -> TensorArg:
         for arg in self.tensors:
