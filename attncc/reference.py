@@ -334,6 +334,12 @@ class _Evaluator:
             visible = self.eval(mask.condition, indices)
             scores = np.where(np.broadcast_to(visible, scores.shape), scores, -np.inf)
         axis = indices.index(step.axis)
+        sink = None
+        if step.sink is not None:
+            # one logit per row, joining the normaliser only (it has no value)
+            sink = np.broadcast_to(self.eval(step.sink, indices), scores.shape)
+            sink = np.take(sink, [0], axis=axis).astype(np.float64)
+            scores = np.concatenate([scores, sink], axis=axis)
         peak = np.max(scores, axis=axis, keepdims=True, initial=-np.inf)
         # A row with every key masked has peak -inf; shifting by 0 instead keeps exp() at 0
         # rather than exp(-inf - -inf) = NaN.
@@ -343,6 +349,8 @@ class _Evaluator:
         # Such a row has weights 0 and total 0: divide by 1 to give probabilities 0. NaN scores
         # still propagate, since NaN == 0 is false.
         probs = weights / np.where(total == 0, 1.0, total)
+        if sink is not None:
+            probs = np.delete(probs, -1, axis=axis)
         self.defined[step.target] = (indices, round_to(probs, self.rounding))
         self.lse = np.squeeze(peak + np.log(total), axis=axis)  # log(0) = -inf
 

@@ -57,6 +57,9 @@ def auto_target(kernel: AttentionKernel) -> str:
     The IR conditions go first: they cost nothing, and a decode kernel then never
     initialises CUDA or looks for cuda-python just to be told "triton".
     """
+    # The CUDA kernels have no softmax sink term: Triton runs sink specs.
+    if kernel.sink is not None:
+        return "triton"
     # Decode (split_kv, or a fused kernel without a query axis) measured equal or slower on
     # the CUDA target; naive has no CUDA kernels at all.
     if kernel.schedule != "fused" or kernel.query_axis is None:

@@ -96,6 +96,8 @@ def check_supported(k: ir.AttentionKernel) -> None:
         raise _refuse(
             k, f"only the fused prefill schedule has a backward (this kernel is {k.schedule})"
         )
+    if k.sink is not None:
+        raise _refuse(k, "a softmax sink has no gradient yet")
     ctx = _Context(k, "")
     if ctx.gathered or plan.divisor_dims(k):
         raise _refuse(k, "keys read through other tensors (a paged cache) have no backward yet")

@@ -565,6 +565,9 @@ class _Context:
                 for max_head_dim, c in k.tiling.rules
             ],
             "split": split,
+            "sink": (
+                f"({cx.triton_expr(k.sink, env)}) * {LOG2E!r}" if k.sink is not None else None
+            ),
             **self.host_tables(),
         }
 

@@ -219,7 +219,21 @@ class _Lowering:
             schedule=c.schedule,  # type: ignore[arg-type]
             derived_dims=tuple((d, self.expr(v)) for d, v in c.derived_dims.items()),
             lse_order=tuple(i for i in softmax.indices if i != key_index),
+            sink=self.sink(softmax, query_axis_name, roles),
         )
+
+    def sink(self, softmax: Softmax, query: str | None, roles: dict[str, str]) -> ir.Expr | None:
+        if softmax.sink is None:
+            return None
+        if query is not None and query in self.indices_read(softmax.sink):
+            # the kernels hold one sink per program (a head's logit), not one per query row
+            raise self.error(
+                f"a softmax sink may depend on batch indices only, not the query index '{query}'",
+                softmax.sink.span,
+                "gpt-oss's sinks are one logit per head: softmax(s, n, sinks[h])",
+            )
+        self.reject_operand_reads("a softmax sink", softmax.sink, roles)
+        return self.expr(softmax.sink)
 
     def scores(
         self, contraction: Definition, softmax: Softmax

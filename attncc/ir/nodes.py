@@ -264,6 +264,9 @@ class AttentionKernel:
     # the returned log-sum-exp's axes (the scores' indices without the softmax's, in the
     # scores' order); kernels write it as batch axes then the query axis and return a view
     lse_order: tuple[str, ...] = ()
+    # ``softmax(s, n, sink)``: a logit per row added to the softmax's normaliser only
+    # (gpt-oss's attention sinks); it reads batch indices only
+    sink: Expr | None = None
 
     def tensor(self, name: str) -> TensorArg:
         for arg in self.tensors:

@@ -82,6 +82,8 @@ def kernel_str(kernel: ir.AttentionKernel) -> str:
         lines.append(f"  modify s = {expr_str(mod)}")
     for mask in kernel.masks:
         lines.append(f"  mask   {expr_str(mask)}")
+    if kernel.sink is not None:
+        lines.append(f"  sink   {expr_str(kernel.sink)}")
     out = kernel.output
     lines.append(f"  out {out.name}[{', '.join(out.indices)}]  # dims [{', '.join(out.dims)}]")
     if kernel.group is not None:

@@ -32,6 +32,9 @@ def split_kv_blocker(kernel: ir.AttentionKernel) -> str | None:
     the program's rows: keys and values may read it only through the GQA mapping, and the
     visible key range may not depend on it.
     """
+    if kernel.sink is not None:
+        # the split-KV kernels and their merge have no sink term yet
+        return "a softmax sink runs fused only (for now)"
     if kernel.group is None:
         return None
     head = kernel.group.head.index
@@ -66,6 +69,10 @@ class ChooseSchedule:
         blocker = split_kv_blocker(kernel)
         if chosen == "split_kv" and blocker is not None:
             raise ValueError(f"attncc {kernel.name}: cannot run split_kv: {blocker}")
+        if chosen == "naive" and kernel.sink is not None:
+            raise ValueError(
+                f"attncc {kernel.name}: cannot run naive: a softmax sink runs fused only (for now)"
+            )
         if chosen is None:
             chosen = "split_kv" if kernel.query_axis is None and blocker is None else "fused"
         explicit = (self.override or kernel.schedule) is not None

@@ -75,13 +75,15 @@ class Definition:
 
 @dataclass(frozen=True, slots=True)
 class Softmax:
-    """``target = softmax(source, axis)``: masks apply to ``source`` before normalisation."""
+    """``target = softmax(source, axis[, sink])``: masks apply to ``source`` before
+    normalisation; ``sink`` is an extra logit in the normaliser of each row (it has no value)."""
 
     target: str
     source: str
     axis: str
     indices: tuple[str, ...]
     stmt: ast.AssignStmt
+    sink: ast.Expr | None = None
 
 
 Step = Definition | Softmax
@@ -776,11 +778,14 @@ class _Checker:
     ) -> None:
         call = stmt.value
         assert isinstance(call, ast.Call)
-        if len(call.args) != 2:
+        if len(call.args) not in (2, 3):
             raise self.error(
-                f"softmax takes 2 arguments, got {len(call.args)}", call.span, "softmax(s, n)"
+                f"softmax takes 2 or 3 arguments, got {len(call.args)}",
+                call.span,
+                "softmax(s, n), or softmax(s, n, sinks[h]) with a sink logit per row",
             )
-        source, axis = call.args
+        source, axis = call.args[:2]
+        sink = call.args[2] if len(call.args) == 3 else None
         if not isinstance(source, ast.Name) or source.name not in self.defined:
             raise self.error(
                 "the first argument of softmax must name computed scores",
@@ -799,9 +804,44 @@ class _Checker:
             raise self.error(
                 f"softmax keeps the indices of '{source.name}' [{', '.join(indices)}]", stmt.span
             )
+        if sink is not None:
+            self.sink(sink, indices, axis.name, defined_dims)
         self.defined[stmt.target.name] = indices
         defined_dims[stmt.target.name] = tuple(self.index_dims[i] for i in indices)
-        self.steps.append(Softmax(stmt.target.name, source.name, axis.name, indices, stmt))
+        self.steps.append(Softmax(stmt.target.name, source.name, axis.name, indices, stmt, sink))
+
+    def sink(
+        self,
+        sink: ast.Expr,
+        indices: tuple[str, ...],
+        axis: str,
+        defined_dims: dict[str, tuple[str, ...]],
+    ) -> None:
+        """A sink is one logit per row: no key index, no computed values."""
+        self.bind_accesses(sink, defined_dims)
+        for node in walk(sink):
+            name = (
+                node.name
+                if isinstance(node, ast.Name)
+                else node.tensor.name
+                if isinstance(node, ast.Access)
+                else None
+            )
+            if name is not None and name in self.defined:
+                raise self.error(
+                    "a softmax sink cannot read computed values",
+                    node.span,
+                    "read the sink logits from an input: softmax(s, n, sinks[h])",
+                )
+        for index in self.free_indices(sink):
+            if index == axis or index not in indices:
+                raise self.error(
+                    f"a softmax sink is one logit per row and cannot use index '{index}'",
+                    sink.span,
+                    f"the rows are [{', '.join(i for i in indices if i != axis)}]",
+                )
+        if self.type_of(sink, frozenset(indices)) == "bool":
+            raise self.error("a softmax sink must be a number, got a boolean", sink.span)
 
     def finish(self) -> CheckedSpec:
         if not self.outputs:

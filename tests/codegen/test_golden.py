@@ -59,7 +59,8 @@ def test_generated_source_is_deterministic() -> None:
 
 def test_generated_source_compiles_for_every_example() -> None:
     for path in sorted(EXAMPLES.glob("*.attn")):
-        for schedule in ("naive", "fused", "split_kv"):
+        sink = "softmax(s, n, " in path.read_text()  # sinks run fused only (for now)
+        for schedule in ("fused",) if sink else ("naive", "fused", "split_kv"):
             source = build(path, schedule=schedule).source  # type: ignore[arg-type]
             compile(source, f"{path.stem}.{schedule}.py", "exec")
 

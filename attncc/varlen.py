@@ -1,0 +1,316 @@
+"""``attncc.varlen``: any prefill spec on flash-attn's packed variable-length layout.
+
+flash-attn's varlen calls pack a batch of sequences of different lengths into
+``q[total_q, H, D]``, ``k``/``v[total_k, KVH, D]`` with ``cu_seqlens_q``/``cu_seqlens_k``
+(``[B + 1]`` int32 offsets). ``varlen(spec)`` derives a second spec from a batched prefill
+spec and compiles it: the sequence-batch axis ``b`` goes, the query and key axes run over
+the packed tokens, and a per-token sequence id makes a document mask
+(``seq_q[m] == seq_k[n]``), which the tile index turns into skipped cross-sequence tiles. Every
+expression of the user's spec (masks, score modifications, the softmax's sink) sees
+*local* values: ``m`` is the query's position within its sequence, ``n`` the key's, ``b`` the
+sequence, ``M`` and ``N`` the query's sequence lengths. So ``mask m >= n`` is causal within
+each sequence and ``mask m + N - M >= n`` bottom-right causal within each.
+
+The derived spec is spec text, checked and compiled like any other
+(``VarlenKernel.source`` shows it); the rewrite works on the AST and prints every
+expression fully parenthesised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attncc.ir import lower
+from attncc.ir import nodes as ir
+from attncc.spec import CheckedSpec, ast, load
+from attncc.spec.check import walk
+
+__all__ = ["VarlenKernel", "varlen", "varlen_source"]
+
+# names the derived spec adds; a spec already using one of them is refused
+_TOTAL_Q, _TOTAL_K, _OFFSETS = "TOTAL_Q", "TOTAL_K", "SEQS_PLUS_1"
+_SEQ_Q, _SEQ_K, _CU_Q, _CU_K = "seq_q", "seq_k", "cu_seqlens_q", "cu_seqlens_k"
+_ADDED = (_TOTAL_Q, _TOTAL_K, _OFFSETS, _SEQ_Q, _SEQ_K, _CU_Q, _CU_K)
+
+
+def _fmt(expr: ast.Expr) -> str:
+    """Spec text for ``expr``, every compound term parenthesised (precedence-proof)."""
+    match expr:
+        case ast.Number(value=value):
+            return repr(value)
+        case ast.Name(name=name):
+            return name
+        case ast.Access(tensor=tensor, indices=indices):
+            return f"{tensor.name}[{', '.join(_fmt(i) for i in indices)}]"
+        case ast.Call(func=func, args=args):
+            return f"{func.name}({', '.join(_fmt(a) for a in args)})"
+        case ast.Neg(operand=x):
+            return f"(-{_fmt(x)})"
+        case ast.Not(operand=x):
+            return f"(not {_fmt(x)})"
+        case ast.Binary(op=op, left=a, right=b) | ast.Compare(op=op, left=a, right=b):
+            return f"({_fmt(a)} {op} {_fmt(b)})"
+        case ast.Logical(op=op, left=a, right=b):
+            return f"({_fmt(a)} {op} {_fmt(b)})"
+    raise AssertionError(expr)
+
+
+@dataclass(frozen=True)
+class _Rewrite:
+    checked: CheckedSpec
+    batch: str  # the sequence index (b) and its dim
+    batch_dim: str
+    query: str  # m, M
+    query_dim: str
+    key: str  # n, N
+    key_dim: str
+    # input name -> (position of the dropped batch axis, position of the token axis)
+    operands: dict[str, tuple[int, int]]
+
+    def local(self, name: str) -> str | None:
+        """The local value a name stands for in the user's expressions."""
+        row_seq = f"{_SEQ_Q}[{self.query}]"
+        return {
+            self.query: f"({self.query} - {_CU_Q}[{row_seq}])",
+            self.key: f"({self.key} - {_CU_K}[{_SEQ_K}[{self.key}]])",
+            self.batch: row_seq,
+            # lengths through the query's sequence: equal to the key's where the
+            # sequence mask holds, and it keeps key-side terms reading the key only
+            self.query_dim: f"({_CU_Q}[{row_seq} + 1] - {_CU_Q}[{row_seq}])",
+            self.key_dim: f"({_CU_K}[{row_seq} + 1] - {_CU_K}[{row_seq}])",
+            self.batch_dim: f"({_OFFSETS} - 1)",
+        }.get(name)
+
+    def order(self, tensor: str) -> list[int] | None:
+        """New subscript order of a computed tensor: the batch index dropped, the query
+        index first (the output becomes ``[total_q, ...]``)."""
+        if tensor in self.checked.inputs:
+            return None
+        indices = self.checked.defined_indices(tensor)
+        kept = [i for i, name in enumerate(indices) if name != self.batch]
+        first = [i for i in kept if indices[i] == self.query]
+        return first + [i for i in kept if i not in first]
+
+    def expr(self, node: ast.Expr) -> str:
+        match node:
+            case ast.Name(name=name):
+                return self.local(name) or name
+            case ast.Access(tensor=tensor, indices=indices):
+                if tensor.name in self.operands:
+                    dropped, token = self.operands[tensor.name]
+                    subs = [_fmt(indices[token])] + [
+                        _fmt(s) for i, s in enumerate(indices) if i not in (dropped, token)
+                    ]
+                    return f"{tensor.name}[{', '.join(subs)}]"
+                order = self.order(tensor.name)
+                if order is not None:
+                    return f"{tensor.name}[{', '.join(_fmt(indices[i]) for i in order)}]"
+                return f"{tensor.name}[{', '.join(self.expr(i) for i in indices)}]"
+            case ast.Call(func=func, args=args):
+                if func.name == "softmax":
+                    # softmax(s, n[, sink]): the scores and axis stay as written
+                    rest = [self.expr(a) for a in args[2:]]
+                    return f"softmax({', '.join([_fmt(args[0]), _fmt(args[1]), *rest])})"
+                return f"{func.name}({', '.join(self.expr(a) for a in args)})"
+            case ast.Neg(operand=x):
+                return f"(-{self.expr(x)})"
+            case ast.Not(operand=x):
+                return f"(not {self.expr(x)})"
+            case (
+                ast.Binary(op=op, left=a, right=b)
+                | ast.Compare(op=op, left=a, right=b)
+                | ast.Logical(op=op, left=a, right=b)
+            ):
+                return f"({self.expr(a)} {op} {self.expr(b)})"
+            case ast.Number():
+                return _fmt(node)
+        raise AssertionError(node)
+
+
+def _refuse(spec: CheckedSpec, why: str) -> ValueError:
+    return ValueError(f"attncc.varlen({spec.name}): {why}")
+
+
+def varlen_source(spec: str | Path | CheckedSpec, batch: str | None = None) -> str:
+    """The spec text of ``spec``'s variable-length form (see the module docstring).
+
+    ``batch`` names the sequence-batch index (default: the first score index that indexes
+    query, key, value and output directly, ``b`` in ``s[b, h, m, n]``)."""
+    checked = load(spec)
+    kernel = lower(checked)
+    if kernel.query_axis is None:
+        raise _refuse(checked, "the spec has no query axis; varlen takes prefill specs")
+    if checked.views or checked.derived_dims:
+        raise _refuse(checked, "views and derived dims (paged caches) have no packed form")
+    taken = set(checked.dims) | set(checked.inputs) | set(checked.params) | set(checked.lets)
+    clash = sorted(taken & set(_ADDED))
+    if clash:
+        raise _refuse(checked, f"the spec already names {', '.join(clash)}; rename it")
+
+    def plain(operand: ir.Operand) -> set[str]:
+        return {i.name for i in operand.indices if isinstance(i, ir.Index)}
+
+    candidates = [
+        a
+        for a in kernel.batch_axes
+        if all(a.index in plain(op) for op in (kernel.query, kernel.key, kernel.value))
+        and a.index in kernel.output.indices
+    ]
+    if batch is not None:
+        candidates = [a for a in candidates if a.index == batch]
+    if not candidates:
+        raise _refuse(
+            checked,
+            f"no sequence-batch index{f' {batch!r}' if batch else ''} subscripts query, key, "
+            "value and output directly",
+        )
+    seq = candidates[0]
+    query, key = kernel.query_axis, kernel.key_axis
+    operands: dict[str, tuple[int, int]] = {}
+    for op, token in ((kernel.query, query), (kernel.key, key), (kernel.value, key)):
+        names = [i.name if isinstance(i, ir.Index) else None for i in op.indices]
+        operands[op.tensor] = (names.index(seq.index), names.index(token.index))
+    rw = _Rewrite(checked, seq.index, seq.dim, query.index, query.dim, key.index, key.dim, operands)
+    seq_names = {seq.index, query.index, key.index, seq.dim, query.dim, key.dim}
+    for name, value in checked.lets.items():
+        used = {n.name for n in walk(value) if isinstance(n, ast.Name)} & seq_names
+        if used:
+            raise _refuse(checked, f"let {name} reads {', '.join(sorted(used))}")
+    for info in checked.params.values():
+        if info.default is not None:
+            used = {n.name for n in walk(info.default) if isinstance(n, ast.Name)}
+            if used & {query.dim, key.dim}:
+                raise _refuse(checked, f"the default of param {info.name} reads a sequence length")
+
+    lines = [f"attention {checked.name}_varlen"]
+    dims = [d for d in checked.dims if d not in (seq.dim, query.dim, key.dim)]
+    aux_dims = {d for t in checked.inputs.values() if t.name not in operands for d in t.dims}
+    if {query.dim, key.dim} & aux_dims:
+        raise _refuse(
+            checked,
+            "an input other than query, key and value has a query or key length axis; "
+            "packed sequences have no per-sequence tensor of that shape",
+        )
+    if seq.dim in aux_dims:
+        dims.append(seq.dim)
+    lines.append(f"dims {', '.join([*dims, _TOTAL_Q, _TOTAL_K, _OFFSETS])}")
+    for tensor in checked.inputs.values():
+        dtype = f": {tensor.dtype}" if tensor.dtype != "float" else ""
+        layout = list(tensor.dims)
+        if tensor.name in operands:
+            dropped, at = operands[tensor.name]
+            total = _TOTAL_Q if tensor.name == kernel.query.tensor else _TOTAL_K
+            layout = [total] + [d for i, d in enumerate(tensor.dims) if i not in (dropped, at)]
+        lines.append(f"in {tensor.name}[{', '.join(layout)}]{dtype}")
+    lines.append(f"in {_SEQ_Q}[{_TOTAL_Q}]: i32")
+    lines.append(f"in {_SEQ_K}[{_TOTAL_K}]: i32")
+    lines.append(f"in {_CU_Q}[{_OFFSETS}]: i32")
+    lines.append(f"in {_CU_K}[{_OFFSETS}]: i32")
+    for info in checked.params.values():
+        default = f" = {rw.expr(info.default)}" if info.default is not None else ""
+        lines.append(f"param {info.name}: {info.dtype}{default}")
+    for name, value in checked.lets.items():
+        lines.append(f"let {name} = {_fmt(value)}")
+    # the sequence mask first: the tile index skips every cross-sequence tile by it
+    lines.append(f"mask {_SEQ_Q}[{query.index}] == {_SEQ_K}[{key.index}]")
+    for stmt in checked.spec.statements:
+        match stmt:
+            case ast.AssignStmt(target=target, indices=indices, value=value):
+                lhs = target.name
+                if indices is not None:
+                    own = tuple(i.name for i in indices)
+                    kept = [i for i in own if i != seq.index]
+                    kept = [i for i in kept if i == query.index] + [
+                        i for i in kept if i != query.index
+                    ]
+                    lhs = f"{target.name}[{', '.join(kept)}]"
+                lines.append(f"{lhs} = {rw.expr(value)}")
+            case ast.MaskStmt(condition=condition):
+                lines.append(f"mask {rw.expr(condition)}")
+            case ast.OutStmt(name=out_name):
+                lines.append(f"out {out_name.name}")
+            case ast.ScheduleStmt(name=schedule_name):
+                lines.append(f"schedule {schedule_name.name}")
+            case _:
+                pass
+    return "\n".join(lines) + "\n"
+
+
+class VarlenKernel:
+    """``kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **inputs)``
+    on flash-attn's packed layout: ``q[total_q, H, D]``, ``k``/``v[total_k, KVH, D]``,
+    ``cu_seqlens_*`` int32 ``[B + 1]`` offsets from 0 to the totals. Other inputs and params
+    by name, ``return_lse=True`` as for any kernel (the lse is ``[H, total_q]``, as
+    flash-attn's). The maximum lengths are accepted for flash-attn's signature, not needed."""
+
+    def __init__(self, source: str, compile_spec: Callable[[str], Any]) -> None:
+        self.source = source
+        self.kernel = compile_spec(source)
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int | None = None,
+        max_seqlen_k: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        for name, cu, total in (
+            (_CU_Q, cu_seqlens_q, q.shape[0]),
+            (_CU_K, cu_seqlens_k, k.shape[0]),
+        ):
+            if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32:
+                raise TypeError(f"{name} must be a 1-D int32 tensor of B + 1 offsets")
+            if cu.device.type == "cpu" and (
+                int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any())
+            ):
+                raise ValueError(
+                    f"{name} must rise from 0 to the packed length {total}, got {cu.tolist()}"
+                )
+        if cu_seqlens_q.shape != cu_seqlens_k.shape:
+            raise ValueError(
+                f"cu_seqlens_q and cu_seqlens_k must have one length (B + 1), got "
+                f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
+            )
+        if cu_seqlens_q.device.type != "cpu":
+            # checked on the device, without a host synchronisation: a bad offset table
+            # would otherwise read past the packed tensors
+            for cu, total in ((cu_seqlens_q, q.shape[0]), (cu_seqlens_k, k.shape[0])):
+                torch._assert_async(cu[-1] == total)
+        seq_q = _sequence_ids(cu_seqlens_q, q.shape[0])
+        seq_k = _sequence_ids(cu_seqlens_k, k.shape[0])
+        return self.kernel(
+            q,
+            k,
+            v,
+            **{_SEQ_Q: seq_q, _SEQ_K: seq_k, _CU_Q: cu_seqlens_q, _CU_K: cu_seqlens_k},
+            **kwargs,
+        )
+
+
+def _sequence_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """The sequence of each packed token (no host synchronisation)."""
+    tokens = torch.arange(total, device=cu_seqlens.device, dtype=torch.int32)
+    return torch.searchsorted(cu_seqlens[1:].contiguous(), tokens, right=True).to(torch.int32)
+
+
+def varlen(
+    spec: Any, batch: str | None = None, target: str = "auto", **options: Any
+) -> VarlenKernel:
+    """A ``VarlenKernel`` for a prefill spec (text, path, checked spec, or a compiled
+    ``Kernel``, whose spec it reuses): see the module docstring."""
+    from attncc.api import compile as compile_spec
+    from attncc.runtime.kernel import Kernel
+
+    if isinstance(spec, Kernel):
+        spec = spec.spec
+    source = varlen_source(spec, batch)
+    return VarlenKernel(source, lambda text: compile_spec(text, target, **options))

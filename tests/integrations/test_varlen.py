@@ -1,0 +1,133 @@
+"""attncc.varlen: flash-attn's packed layout, checked per sequence against the kernel on
+each sequence alone and against the float64 reference of the batched spec."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import attncc
+from attncc.reference import reference
+from attncc.varlen import VarlenKernel, varlen, varlen_source
+from tests.kernels._support import example_path
+
+# unequal lengths, a length-1 sequence, lengths that are no multiple of a tile
+Q_LENS = (5, 1, 37, 16)
+K_LENS = (9, 3, 37, 20)
+
+
+@cache
+def compiled_varlen(name: str) -> VarlenKernel:
+    return varlen(example_path(name))
+
+
+def _cu(lens: tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+
+
+def _case(
+    name: str, q_lens: tuple[int, ...], k_lens: tuple[int, ...], seed: int = 0
+) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    heads, kv_heads, dim = (4, 2, 32) if "gqa" in name else (2, 2, 32)
+    q = torch.randn(sum(q_lens), heads, dim)
+    k = torch.randn(sum(k_lens), kv_heads, dim)
+    v = torch.randn(sum(k_lens), kv_heads, dim)
+    extra = {"slopes": torch.rand(heads)} if name == "alibi" else {}
+    return {"q": q, "k": k, "v": v, "extra": extra}
+
+
+def _per_sequence_reference(name: str, case: dict[str, Any], q_lens, k_lens, params):
+    """The batched spec's float64 reference on each sequence alone ([1, H, len, D])."""
+    spec = attncc.load(example_path(name))
+    outs, lses = [], []
+    cq, ck = _cu(q_lens), _cu(k_lens)
+    for i in range(len(q_lens)):
+        q = case["q"][cq[i] : cq[i + 1]].transpose(0, 1)[None].double().numpy()
+        k = case["k"][ck[i] : ck[i + 1]].transpose(0, 1)[None].double().numpy()
+        v = case["v"][ck[i] : ck[i + 1]].transpose(0, 1)[None].double().numpy()
+        extra = {n: t.double().numpy() for n, t in case["extra"].items()}
+        out, lse = reference(spec)(q, k, v, **extra, **params, return_lse=True)
+        outs.append(torch.from_numpy(out[0]).transpose(0, 1))
+        lses.append(torch.from_numpy(lse[0]).transpose(0, 1))
+    return torch.cat(outs), torch.cat(lses)
+
+
+@pytest.mark.parametrize(
+    "name", ["causal", "causal_bottom_right", "gqa_causal", "alibi", "softcap", "fused"]
+)
+def test_varlen_matches_each_sequence_alone(name: str) -> None:
+    kernel = compiled_varlen(name)
+    case = _case(name, Q_LENS, K_LENS)
+    out, lse = kernel(
+        case["q"],
+        case["k"],
+        case["v"],
+        _cu(Q_LENS),
+        _cu(K_LENS),
+        max(Q_LENS),
+        max(K_LENS),
+        **case["extra"],
+        return_lse=True,
+    )
+    assert out.shape == (*case["q"].shape[:2], case["v"].shape[2])
+    want_out, want_lse = _per_sequence_reference(name, case, Q_LENS, K_LENS, {})
+    assert torch.allclose(out.double(), want_out, atol=2e-5, rtol=2e-5)
+    # [H, total_q], as flash-attn's varlen calls return it
+    lse = lse.transpose(0, 1)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert torch.allclose(lse.double()[finite], want_lse[finite], atol=2e-5, rtol=2e-5)
+    # and the batched kernel run on one sequence alone agrees (the same generated maths)
+    batched = attncc.compile(example_path(name))
+    cq, ck = _cu(Q_LENS), _cu(K_LENS)
+    i = 2
+    alone = batched(
+        case["q"][cq[i] : cq[i + 1]].transpose(0, 1)[None],
+        case["k"][ck[i] : ck[i + 1]].transpose(0, 1)[None],
+        case["v"][ck[i] : ck[i + 1]].transpose(0, 1)[None],
+        **case["extra"],
+    )
+    assert torch.allclose(out[cq[i] : cq[i + 1]], alone[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_sliding_window_is_local_to_each_sequence() -> None:
+    kernel = compiled_varlen("sliding_window")
+    lens = (7, 1, 19)
+    case = _case("sliding_window", lens, lens, seed=3)
+    out = kernel(case["q"], case["k"], case["v"], _cu(lens), _cu(lens), 19, 19, window=4)
+    want, _ = _per_sequence_reference("sliding_window", case, lens, lens, {"window": 4})
+    assert torch.allclose(out.double(), want, atol=2e-5, rtol=2e-5)
+
+
+def test_cross_sequence_tiles_are_skipped_by_the_tile_index() -> None:
+    _, kernel = attncc.optimise(varlen_source(example_path("causal")))
+    assert kernel.tile_index is not None and kernel.tile_index.full
+    first = kernel.tile_index.masks[0]
+    assert (first.row.tensor, first.key.tensor) == ("seq_q", "seq_k")  # type: ignore[union-attr]
+
+
+def test_bad_offsets_are_one_clear_error() -> None:
+    kernel = compiled_varlen("causal")
+    case = _case("causal", (4, 4), (4, 4))
+    with pytest.raises(ValueError, match="cu_seqlens_q must rise from 0 to the packed length 8"):
+        kernel(case["q"], case["k"], case["v"], _cu((4, 3)), _cu((4, 4)), 4, 4)
+    with pytest.raises(TypeError, match="1-D int32"):
+        kernel(case["q"], case["k"], case["v"], _cu((4, 4)).long(), _cu((4, 4)), 4, 4)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("decode", "no query axis"),
+        ("paged_decode", "no query axis"),
+        ("bias", "has a query or key length axis"),
+    ],
+)
+def test_specs_without_a_packed_form_are_refused(name: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        varlen_source(example_path(name))
