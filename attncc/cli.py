@@ -172,7 +172,7 @@ def _output_files(built: Any, output: Path) -> dict[Path, str]:
     rendered = cuda_backend.render(built.ir, built.spec.spec)
     if not output.is_dir():
         return {output: rendered.standalone()}
-    files = {output / f"{built.entry}.{family}.cu": text for family, text in rendered.sources}
+    files = {output / f"{built.ir.name}.{family}.cu": text for family, text in rendered.sources}
     files.update({output / name: text for name, text in rendered.headers})
     return files
 

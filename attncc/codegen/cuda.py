@@ -632,6 +632,12 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
             f"attncc {kernel.name}: schedule 'naive' is not available for target cuda "
             "(use schedule 'fused' or 'split_kv', or target 'triton')"
         )
+    if kernel.sink is not None:
+        # the kernels' softmax has no sink term: rendering them would leave the sink out
+        raise ValueError(
+            f"attncc {kernel.name}: target cuda has no softmax sink yet (use target 'triton' "
+            "or 'auto')"
+        )
     context = _Context(kernel, spec)
     values = context.values()
     env = environment()

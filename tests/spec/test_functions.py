@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from attncc.api import build
+from attncc.codegen import cuda as cuda_backend
 from attncc.codegen.cuda_exprs import CudaEnv, cuda_expr
 from attncc.codegen.exprs import TritonEnv, host_expr, triton_expr
 from attncc.ir import lower
@@ -185,7 +186,8 @@ def test_every_function_compiles_with_nvcc(tmp_path: Path) -> None:
     for function in ("sinf(", "tanf(", "erff(", "floorf(", "ceilf(", "powf(", "((float)"):
         assert function in built.source
     source = tmp_path / "functions.cu"
-    source.write_text(built.source)
+    # with the shipped headers inlined, as `attncc compile -o` writes it
+    source.write_text(cuda_backend.render(built.ir, built.spec.spec).standalone())
     cmd = [NVCC or "nvcc", "-arch=sm_90", "-std=c++17", "--ptx", str(source)]
     done = subprocess.run(
         [*cmd, "-o", str(tmp_path / "functions.ptx")], capture_output=True, text=True, timeout=600
