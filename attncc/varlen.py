@@ -287,13 +287,22 @@ class VarlenKernel:
                 torch._assert_async(cu[-1] == total)
         seq_q = _sequence_ids(cu_seqlens_q, q.shape[0])
         seq_k = _sequence_ids(cu_seqlens_k, k.shape[0])
-        return self.kernel(
+        result = self.kernel(
             q,
             k,
             v,
             **{_SEQ_Q: seq_q, _SEQ_K: seq_k, _CU_Q: cu_seqlens_q, _CU_K: cu_seqlens_k},
             **kwargs,
         )
+        if not kwargs.get("return_lse"):
+            return result
+        out, lse = result
+        # the kernel returns the lse in its scores' index order ([total_q, H] for s[m, h, n]);
+        # flash-attn's varlen calls return [H, total_q]: the query axis last
+        order = self.kernel.ir.lse_order
+        query = self.kernel.ir.query_axis.index
+        last = [order.index(i) for i in order if i != query] + [order.index(query)]
+        return out, lse.permute(last)
 
 
 def _sequence_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
