@@ -716,8 +716,8 @@ TYPES = [
         "softmax-arity",
         edit(("softmax(s, n)", "softmax(s)")),
         "10:5",
-        "softmax takes 2 arguments, got 1",
-        "softmax(s, n)",
+        "softmax takes 2 or 3 arguments, got 1",
+        "softmax(s, n), or softmax(s, n, sinks[h])",
     ),
 ]
 
