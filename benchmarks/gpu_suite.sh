@@ -263,7 +263,7 @@ if has kernels; then
     # built-in function, decode, side-input dtypes, the log-sum-exp's layout); the others
     # call the interpreter, which fails under the GPU machine's numpy (>= 2.4)
     timeout 500 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_backward.py \
-        tests/kernels/test_backward_tiny.py tests/kernels/test_functions.py \
+        tests/kernels/test_functions.py \
         tests/kernels/test_decode.py tests/kernels/test_side_dtypes.py \
         tests/kernels/test_lse_layout.py > "$OUT/kernel_tests.log" 2>&1
     grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/kernel_tests.log" | head -30

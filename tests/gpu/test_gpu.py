@@ -30,6 +30,10 @@ def test_example_matches_reference_on_gpu(path: str, schedule: str) -> None:
     _, lowered = attncc.optimise(path)
     if schedule == "split_kv" and split_kv_blocker(lowered):
         pytest.skip(f"split_kv cannot run this spec: {split_kv_blocker(lowered)}")
+    if lowered.sink is not None and schedule != "fused":  # sinks run fused only: refused
+        with pytest.raises(ValueError, match="a softmax sink runs fused only"):
+            attncc.compile(path, target="triton", schedule=schedule)  # type: ignore[arg-type]
+        return
     kernel = attncc.compile(path, target="triton", schedule=schedule)  # type: ignore[arg-type]
     max_len = 120 if schedule == "split_kv" else 700
     results = check(kernel, trials=3, seed=11, device="cuda", max_len=max_len)
