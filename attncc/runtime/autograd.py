@@ -58,15 +58,19 @@ class Backward:
         out: torch.Tensor,
         lse: torch.Tensor,
         dout: torch.Tensor,
+        dlse: torch.Tensor,
     ) -> list[torch.Tensor]:
-        """The gradient of every float input (``self.floats`` order), in its dtype."""
+        """The gradient of every float input (``self.floats`` order), in its dtype; ``dlse``
+        is the gradient of the log-sum-exp the forward wrote (batch axes, then rows)."""
         sizes, dtype, device = host._check(tensors, params)
         params = host._param_defaults(sizes, dict(params))
         on_cpu = device.type == "cpu"
         module = self.module(on_cpu)
         with interpreter(on_cpu):
+            programs_rows = (lse.shape[:-1].numel(), lse.shape[-1])
+            flat_dlse = dlse.to(torch.float32).reshape(programs_rows).contiguous()
             dq, dk, dv, sides = module._backward(
-                tensors, params, out, lse, dout, sizes, dtype, device
+                tensors, params, out, lse, dout, flat_dlse, sizes, dtype, device
             )
         k = self.ir
         assert k.query_axis is not None

@@ -223,12 +223,7 @@ class Kernel:
     def _backward_run(self, *args: Any) -> list[torch.Tensor]:
         assert isinstance(self._backward, autograd.Backward)
         tensors, params, out, lse, grad_out, grad_lse = self._backward_args(args)
-        if bool((grad_lse != 0).any()):
-            raise NotImplementedError(
-                f"attncc {self.name}: gradients through the returned log-sum-exp are not "
-                "supported yet; detach it (lse.detach()) where it enters the loss"
-            )
-        return self._backward.run(self._host, tensors, params, out, lse, grad_out)
+        return self._backward.run(self._host, tensors, params, out, lse, grad_out, grad_lse)
 
     def _backward_fake(self, *args: Any) -> list[torch.Tensor]:
         assert isinstance(self._backward, autograd.Backward)

@@ -110,7 +110,6 @@ def _register_backward(kernel: AttentionKernel, op_name: str, ops: BackwardOps) 
             grad_out = torch.zeros_like(out)
         if grad_lse is None:
             grad_lse = torch.zeros_like(lse)
-        # the op checks grad_lse (a data-dependent check a traced graph cannot hold)
         grads = bwd(*tensors, *ctx.params, out, lse, grad_out, grad_lse)
         result: list[Any] = [None] * (inputs + params + 1)
         for name, grad in zip(ops.floats, grads, strict=True):

@@ -201,3 +201,44 @@ def test_every_function_has_a_backward_case() -> None:
     from attncc.spec.functions import FUNCTION_NAMES
 
     assert set(FUNCTION_TERMS) == set(FUNCTION_NAMES)
+
+
+def _causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    s = (q @ k.transpose(-1, -2)) * scale
+    rows, keys = s.shape[-2:]
+    s = s.masked_fill(torch.ones(rows, keys, dtype=torch.bool).tril().logical_not(), -torch.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.softmax(s, dim=-1) @ v, lse
+
+
+def test_gradients_through_the_returned_log_sum_exp() -> None:
+    """d lse / d s = P: a loss on the returned log-sum-exp adds P * dlse to dS (it was
+    refused, and checked with a host synchronisation in every backward)."""
+    kernel = compiled("causal", "fused")
+    given = inputs("causal", torch.float32, m=29, n=29)
+    gen = torch.Generator().manual_seed(8)
+    grad_out = torch.randn(given["q"].shape, generator=gen).to(DEVICE)
+    grad_lse = torch.randn(given["q"].shape[:-1], generator=gen).to(DEVICE)
+    leaves = {name: t.clone().requires_grad_() for name, t in given.items()}
+    out, lse = kernel(**leaves, return_lse=True)
+    ((out * grad_out).sum() + (lse * grad_lse).sum()).backward()
+    scale = 1 / given["q"].shape[-1] ** 0.5
+
+    def reference(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        ref = {n: t.detach().cpu().to(dtype).requires_grad_() for n, t in given.items()}
+        o, lse_ref = _causal_attention(ref["q"], ref["k"], ref["v"], scale)
+        loss = (o * grad_out.cpu().to(dtype)).sum() + (lse_ref * grad_lse.cpu().to(dtype)).sum()
+        loss.backward()
+        return {n: t.grad.double() for n, t in ref.items()}  # type: ignore[union-attr]
+
+    exact, eager = reference(torch.float64), reference(torch.float32)
+    for name, leaf in leaves.items():
+        verdict = compare_grad(
+            leaf.grad.double().cpu().numpy(),  # type: ignore[union-attr]
+            exact[name].numpy(),
+            eager[name].numpy(),
+            "float32",
+        )
+        assert verdict.ok, (name, verdict)
