@@ -59,6 +59,8 @@ class Kernel:
     # call skips both and goes straight to the module's _launch
     _geometries: Plans = field(init=False, repr=False)
     _pinned: bool = field(init=False, repr=False)
+    # how a returned log-sum-exp is permuted into the scores' order (None: as written)
+    _lse_permutation: tuple[int, ...] | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.path = module_path(self.name, self.host_source or self.source)
@@ -70,6 +72,9 @@ class Kernel:
         self._param_sites = _param_sites(self.spec)
         # loaded now, not on first call: torch.compile cannot trace a module import
         self._host = self.module(interpreted=False)
+        permutation = tuple(self._host._LSE_PERMUTATION)
+        identity = permutation == tuple(range(len(permutation)))
+        self._lse_permutation = None if identity else permutation
         key = self.path.stem.rsplit("_", 1)[-1][:12]
         self._backward = autograd.prepare(self.ir, self.spec.spec)
         backward: op_registry.BackwardOps | str = self._backward  # type: ignore[assignment]
@@ -127,8 +132,7 @@ class Kernel:
 
     def _returned_lse(self, lse: torch.Tensor) -> torch.Tensor:
         """The log-sum-exp in the scores' index order (a view of what the kernels wrote)."""
-        permutation = self._host._LSE_PERMUTATION
-        return lse if permutation == tuple(range(len(permutation))) else lse.permute(permutation)
+        return lse if self._lse_permutation is None else lse.permute(self._lse_permutation)
 
     def backend_for(self, *args: Any, **kwargs: Any) -> str:
         """The backend a call with these inputs runs: the target, or "triton" for the calls
@@ -179,12 +183,7 @@ class Kernel:
             sizes, dtype, device = checked = module._check(tensors, params)
             if device.type not in ("cuda", "cpu"):  # the module's own error names the device
                 return module._forward(tensors, params, return_lse)  # type: ignore[no-any-return]
-            if self._pinned:
-                config = module._default_config(
-                    sizes[self.ir.head_axis.dim], sizes[self.ir.value_axis.dim], dtype, device
-                )
-            else:
-                config = self.tuner.choose(module, tensors, params, return_lse, checked)
+            config = self._config(module, tensors, params, return_lse, checked)
             geometry = (sizes, dtype, device, module._param_defaults(sizes, params), config)
             self._geometries.remember(key, geometry)
         sizes, dtype, device, full_params, config = geometry
@@ -198,14 +197,24 @@ class Kernel:
         """The launch configuration a call with these inputs runs with (Triton target): a
         tuned entry, the heuristic table's, or the module's defaults (pinned tiling)."""
         tensors, params = self._host._bind(args, kwargs)
-        sizes, dtype, device = checked = self._host._check(tensors, params)
+        checked = self._host._check(tensors, params)
+        return dict(self._config(self._host, tensors, params, False, checked))
+
+    def _config(
+        self,
+        module: ModuleType,
+        tensors: dict[str, Any],
+        params: dict[str, Any],
+        return_lse: bool,
+        checked: tuple[dict[str, int], torch.dtype, torch.device],
+    ) -> dict[str, int]:
+        """A call's launch configuration: the module's defaults where tiling options pinned
+        them, else a tuned entry or the heuristic table's (``Tuner.choose``)."""
+        sizes, dtype, device = checked
         if self._pinned:
-            return dict(
-                self._host._default_config(
-                    sizes[self.ir.head_axis.dim], sizes[self.ir.value_axis.dim], dtype, device
-                )
-            )
-        return self.tuner.choose(self._host, tensors, params, False, checked)
+            head, value = sizes[self.ir.head_axis.dim], sizes[self.ir.value_axis.dim]
+            return module._default_config(head, value, dtype, device)  # type: ignore[no-any-return]
+        return self.tuner.choose(module, tensors, params, return_lse, checked)
 
     def _backward_args(
         self, args: tuple[Any, ...]
