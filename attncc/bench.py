@@ -231,6 +231,7 @@ def anchor_runners(
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     for name, backend in (
+        ("sdpa", None),  # PyTorch's own choice of backend, what a plain call gets
         ("sdpa-flash", SDPBackend.FLASH_ATTENTION),
         ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
     ):
@@ -238,6 +239,8 @@ def anchor_runners(
             continue
 
         def run_sdpa(backend: Any = backend) -> Any:
+            if backend is None:
+                return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
             with sdpa_kernel(backend):
                 return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
 

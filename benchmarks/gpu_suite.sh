@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [quick] [auto] [startup] [firstcall] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +74,15 @@ if has firstcall; then
         TARGET=$fc_target DTYPE=$fc_dtype ISSUE_ONLY=1 timeout 300 python3 benchmarks/host_overhead.py \
             "examples/$fc_spec.attn" "$fc_shape" 2>&1 | grep -vE "Warning|warn"
     done | tee "$OUT/firstcall_$gpu.txt"
+fi
+
+if has calls; then
+    # What a repeated call costs at small prefill shapes and in decode (benchmarks/calls.py):
+    # eager and CUDA-graph time a call over a rotation of cold input copies, CPU time to issue
+    # one, beside SDPA's default backend (prefill) or FA2 (decode). CALLS_CASES narrows it.
+    unset ATTNCC_AUTOTUNE
+    timeout 560 python3 benchmarks/calls.py --json "$OUT/calls_$gpu.jsonl" \
+        ${CALLS_CASES:+--cases "$CALLS_CASES"} 2>&1 | grep -vE "Warning|warn" | tee "$OUT/calls_$gpu.log" | tail -60
 fi
 
 BENCH_JSON="$OUT/bench_$gpu.jsonl"
@@ -265,7 +274,7 @@ if has kernels; then
     timeout 500 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_backward.py \
         tests/kernels/test_functions.py \
         tests/kernels/test_decode.py tests/kernels/test_side_dtypes.py \
-        tests/kernels/test_lse_layout.py > "$OUT/kernel_tests.log" 2>&1
+        tests/kernels/test_lse_layout.py tests/runtime/test_triton_plan.py > "$OUT/kernel_tests.log" 2>&1
     grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/kernel_tests.log" | head -30
 fi
 

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 
 from attncc.ir.nodes import AttentionKernel
 from attncc.passes.tiling import Tile
-from attncc.runtime import autograd
+from attncc.runtime import autograd, triton_plan
 from attncc.runtime import op as op_registry
 from attncc.runtime.autotune import Tuner
 from attncc.runtime.jit import interpreter, load_module, module_path
@@ -98,6 +98,7 @@ class Kernel:
 
     def poison_outputs(self, enabled: bool) -> None:
         """Fill outputs with NaN before each launch (checks), in every loaded variant."""
+        self._geometries.clear()  # recorded plans fill (or not) as the module did then
         for interpreted in (False, True) if self.target == "triton" else (False,):
             setattr(self.module(interpreted), "_POISON", enabled)  # noqa: B010 - generated module
 
@@ -176,22 +177,50 @@ class Kernel:
             fallback = self._fallback_launch if self.fallback is not None else None
             return self._host._forward(tensors, params, return_lse, None, fallback)  # type: ignore[no-any-return]
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
-        module = self.module(interpreted=on_cpu)
         key = Plans.key(tensors, params, return_lse, False, stream=False)
-        geometry = self._geometries.get(key)
+        geometry: _Geometry | None = self._geometries.get(key)
+        if geometry is not None and geometry.plan is not None:
+            if on_cpu:
+                with interpreter(True):
+                    replayed = geometry.plan(tensors)
+            else:
+                replayed = geometry.plan(tensors)
+            if replayed is not None:
+                return replayed
+        module = self.module(interpreted=on_cpu)
         if geometry is None:
             sizes, dtype, device = checked = module._check(tensors, params)
             if device.type not in ("cuda", "cpu"):  # the module's own error names the device
                 return module._forward(tensors, params, return_lse)  # type: ignore[no-any-return]
             config = self._config(module, tensors, params, return_lse, checked)
-            geometry = (sizes, dtype, device, module._param_defaults(sizes, params), config)
-            self._geometries.remember(key, geometry)
-        sizes, dtype, device, full_params, config = geometry
-        launch: Callable[..., tuple[torch.Tensor, torch.Tensor]] = module._launch
-        if on_cpu:
-            with interpreter(True):
-                return launch(tensors, dict(full_params), return_lse, sizes, dtype, device, config)
-        return launch(tensors, dict(full_params), return_lse, sizes, dtype, device, config)
+            full_params = module._param_defaults(sizes, params)
+            geometry = _Geometry(sizes, dtype, device, full_params, config)
+            if key is not None:
+                # the first call of a geometry is recorded; later ones replay it
+                with interpreter(on_cpu):
+                    result, geometry.plan, geometry.refusal = triton_plan.record(
+                        module,
+                        lambda: geometry.launch(module, tensors, return_lse),
+                        tensors,
+                        compiled=not on_cpu,
+                    )
+                self._geometries.remember(key, geometry)
+                return result
+        with interpreter(on_cpu):
+            return geometry.launch(module, tensors, return_lse)
+
+    def launch_path(self, *args: Any, return_lse: bool = False, **kwargs: Any) -> str:
+        """How a repeated call with these inputs launches (Triton target, after a first
+        call of the same geometry): "replay" (a recorded launch plan, no checks or Triton
+        launcher in the way), or "full: WHY"."""
+        tensors, params = self._host._bind(args, kwargs)
+        key = Plans.key(tensors, params, return_lse, False, stream=False)
+        geometry: _Geometry | None = self._geometries.get(key)
+        if self.target != "triton":
+            return "full: the CUDA target keeps its own launch plans"
+        if geometry is None:
+            return "full: no call of this geometry yet"
+        return "replay" if geometry.plan is not None else f"full: {geometry.refusal}"
 
     def launch_config(self, *args: Any, **kwargs: Any) -> dict[str, int]:
         """The launch configuration a call with these inputs runs with (Triton target): a
@@ -261,6 +290,27 @@ class Kernel:
             torch.empty(out_dims, dtype=dtype, device=device),
             torch.empty(lse_dims, dtype=torch.float32, device=device),
         )
+
+
+@dataclass
+class _Geometry:
+    """What a Triton call's checks and configuration choice decided for one geometry
+    (``Plans.key``), and the plan recorded from its first call (None: why not)."""
+
+    sizes: dict[str, int]
+    dtype: torch.dtype
+    device: torch.device
+    params: dict[str, Any]
+    config: dict[str, int]
+    plan: triton_plan.TritonPlan | None = None
+    refusal: str | None = None
+
+    def launch(
+        self, module: ModuleType, tensors: dict[str, Any], return_lse: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        launch: Callable[..., tuple[torch.Tensor, torch.Tensor]] = module._launch
+        args = (dict(self.params), return_lse, self.sizes, self.dtype, self.device, self.config)
+        return launch(tensors, *args)
 
 
 def _param_sites(spec: CheckedSpec) -> dict[str, str]:

@@ -1,0 +1,323 @@
+"""Triton launch plans: a generated module's work for one call geometry, recorded once.
+
+A Triton target call spends most of its host time outside the GPU: the module's checks, the
+launch configuration, and Triton's own launcher (``kernel[grid](...)`` binds and specializes
+every argument and builds launch metadata: 95-172 us of CPU a call on an H200, against
+7-74 us of GPU). Everything those steps decide follows from the call geometry
+(``attncc.runtime.launch_plan.Plans.key``: shapes, strides, dtypes, device, alignment,
+params, ``return_lse``). So the first call of a geometry runs the module's ``_launch`` while
+``record`` watches it: which tensors it allocates (``torch.empty`` and friends, with their
+shapes), which kernels it launches with which grid and arguments, and where each tensor
+argument comes from (an input, an allocation of this call, or a buffer the module keeps).
+A later call of the same geometry replays that: it allocates, fills in the data pointers and
+calls each compiled kernel's launcher directly.
+
+Recording refuses (the geometry keeps the full path) where the module does anything the
+replay could not repeat exactly: a torch operation other than allocating, filling a fresh
+allocation or reading tensor metadata (a view, a conversion, reading a value), a tensor
+argument of unknown origin, a grid computed by a callable, a launch hook installed (a
+profiler: it gets Triton's own launches).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+Result = tuple[torch.Tensor, torch.Tensor]
+
+# torch functions that create a tensor from sizes alone (no tensor argument)
+_FACTORIES = frozenset({"empty", "zeros", "ones", "full"})
+# ... or shaped like another tensor
+_LIKE_FACTORIES = frozenset({"empty_like", "zeros_like", "ones_like", "full_like"})
+# in-place fills a module may apply to a fresh allocation (an empty call's zero output,
+# NaN poisoning for checks)
+_FILLS = frozenset({"zero_", "fill_"})
+# reads of tensor metadata: fixed for a geometry (the key holds shapes, strides, dtype,
+# device and the data pointers' alignment), or the data pointer the replay fills in
+_QUERIES = frozenset(
+    {"data_ptr", "dim", "element_size", "numel", "stride", "size", "storage_offset",
+     "is_contiguous", "get_device", "shape", "dtype", "device", "is_cuda", "ndim",
+     "requires_grad", "itemsize", "layout", "is_floating_point"}
+)  # fmt: skip
+
+# where a kernel argument comes from at a call: ("input", name), ("alloc", index), or a
+# tensor descriptor over one of those: ("desc", source, shape, strides, block, padding)
+Source = tuple[Any, ...]
+
+
+class _Refused(Exception):
+    """The call did something a replay could not repeat (the message says what)."""
+
+
+def _name(func: Any) -> str:
+    name = getattr(func, "__name__", "")
+    if name == "__get__":  # a property read: Tensor.shape.__get__
+        return getattr(getattr(func, "__self__", None), "__name__", name)
+    return str(name)
+
+
+@dataclass
+class _Allocation:
+    factory: Callable[..., torch.Tensor]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    like: Source | None  # a like-factory's tensor argument
+
+
+@dataclass
+class _Step:
+    """One kernel launch: ``values`` with the tensor arguments at ``slots`` left to fill."""
+
+    kernel: Any  # the JIT (or interpreted) function
+    compiled: Any  # its CompiledKernel (None in the interpreter)
+    grid: tuple[int, int, int]
+    values: list[Any]
+    names: tuple[str, ...]  # the keyword arguments' names, the tail of ``values``
+    slots: tuple[tuple[int, Source], ...]
+
+
+class _Recorder(TorchFunctionMode):
+    """Watches the torch functions a module's host code calls (not those of the kernels,
+    which run with the mode suspended)."""
+
+    def __init__(self, inputs: dict[str, Any]) -> None:
+        super().__init__()
+        self.sources: dict[int, Source] = {id(t): ("input", n) for n, t in inputs.items()}
+        self.tensors: list[torch.Tensor] = []  # keeps ids alive while recording
+        self.allocations: list[_Allocation] = []
+        self.fills: list[tuple[int, Callable[..., Any], tuple[Any, ...]]] = []
+        self.steps: list[_Step] = []
+        self.refusal: str | None = None
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if self.refusal is None:
+            try:
+                self._note(func, args, kwargs, result)
+            except _Refused as refused:
+                self.refusal = str(refused)
+        return result
+
+    def _note(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        name = _name(func)
+        if name in _QUERIES:
+            return
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if name in _FACTORIES and not tensors:
+            self._allocated(result, _Allocation(func, args, kwargs, None))
+        elif name in _LIKE_FACTORIES and len(tensors) == 1 and args and args[0] is tensors[0]:
+            like = self.source(args[0])
+            self._allocated(result, _Allocation(func, args[1:], kwargs, like))
+        elif name in _FILLS and args and len(tensors) == 1:
+            source = self.sources.get(id(args[0]))
+            if source is None or source[0] != "alloc":
+                raise _Refused(f"{name} on a tensor that is not a fresh allocation")
+            self.fills.append((source[1], func, args[1:]))
+        else:
+            raise _Refused(f"torch.{name}")
+
+    def _allocated(self, tensor: Any, allocation: _Allocation) -> None:
+        if type(tensor) is not torch.Tensor:
+            raise _Refused("an allocation that is not a plain tensor")
+        self.sources[id(tensor)] = ("alloc", len(self.allocations))
+        self.tensors.append(tensor)
+        self.allocations.append(allocation)
+
+    def source(self, value: torch.Tensor) -> Source | None:
+        """Where a tensor comes from; None: a buffer the module keeps (made before the call)."""
+        return self.sources.get(id(value))
+
+    def launched(
+        self, kernel: Any, compiled: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        if self.refusal is not None:
+            return
+        try:
+            self.steps.append(self._step(kernel, compiled, grid, args, kwargs))
+        except _Refused as refused:
+            self.refusal = str(refused)
+
+    def _step(
+        self, kernel: Any, compiled: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> _Step:
+        if not isinstance(grid, tuple) or not all(type(g) is int for g in grid):
+            raise _Refused("a grid that is not a tuple of ints")
+        full_grid = (*grid, 1, 1)[:3]
+        if compiled is not None:
+            # the compiled launcher takes every argument in declaration order
+            names = tuple(kernel.arg_names)
+            if len(args) > len(names) or any(n not in kwargs for n in names[len(args) :]):
+                raise _Refused(f"a launch of {kernel.__name__} with arguments left to defaults")
+            values = [*args, *(kwargs[n] for n in names[len(args) :])]
+            tail: tuple[str, ...] = ()
+        else:
+            values, tail = [*args, *kwargs.values()], tuple(kwargs)
+        slots = []
+        for at, value in enumerate(values):
+            source = self._argument(value)
+            if source is not None:
+                slots.append((at, source))
+        return _Step(kernel, compiled, full_grid, values, tail, tuple(slots))
+
+    def _argument(self, value: Any) -> Source | None:
+        """The source of a tensor argument (None: a value the replay passes unchanged)."""
+        if isinstance(value, torch.Tensor):
+            if type(value) is not torch.Tensor:
+                raise _Refused("a tensor subclass argument")
+            return self.source(value)  # None: a kept buffer, passed as it is
+        if type(value).__name__ == "TensorDescriptor":
+            base = self.source(value.base)
+            if base is None:
+                return None
+            shape, strides = tuple(value.shape), tuple(value.strides)
+            return ("desc", base, shape, strides, tuple(value.block_shape), value.padding)
+        return None
+
+
+class TritonPlan:
+    """A recorded call, replayed on a later call of the same geometry (see the module)."""
+
+    def __init__(self, recorder: _Recorder, outputs: tuple[int, int], device: int | None) -> None:
+        self.allocations = tuple(recorder.allocations)
+        self.fills = tuple(recorder.fills)
+        self.steps = tuple(recorder.steps)
+        self.outputs = outputs
+        self.device = device  # the current CUDA device the kernels were loaded on
+
+    def __call__(self, tensors: dict[str, Any]) -> Result | None:
+        """The call's (out, lse), or None where it cannot replay here (another current
+        device, a launch hook installed): the caller then takes the full path."""
+        compiled = self.device is not None
+        if compiled:
+            if torch._C._cuda_getDevice() != self.device or _launch_hooks():
+                return None
+            stream = torch._C._cuda_getCurrentRawStream(self.device)
+        allocs: list[torch.Tensor] = []
+        for a in self.allocations:
+            if a.like is None:
+                allocs.append(a.factory(*a.args, **a.kwargs))
+            else:
+                allocs.append(a.factory(_resolve(a.like, tensors, allocs), *a.args, **a.kwargs))
+        for index, fill, args in self.fills:
+            fill(allocs[index], *args)
+        for step in self.steps:
+            values = list(step.values)
+            for at, source in step.slots:
+                value = _resolve(source, tensors, allocs)
+                values[at] = value.data_ptr() if compiled and source[0] != "desc" else value
+            if compiled:
+                kernel = step.compiled
+                x, y, z = step.grid
+                kernel.run(
+                    x, y, z, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                    *values,
+                )  # fmt: skip
+            else:
+                positional = len(values) - len(step.names)
+                keywords = dict(zip(step.names, values[positional:], strict=True))
+                step.kernel.run(*values[:positional], grid=step.grid, warmup=False, **keywords)
+        return allocs[self.outputs[0]], allocs[self.outputs[1]]
+
+
+def _resolve(source: Source, tensors: dict[str, Any], allocs: list[torch.Tensor]) -> Any:
+    kind = source[0]
+    if kind == "input":
+        return tensors[source[1]]
+    if kind == "alloc":
+        return allocs[source[1]]
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    _, base, shape, strides, block, padding = source
+    return TensorDescriptor(_resolve(base, tensors, allocs), shape, strides, block, padding)
+
+
+def _launch_hooks() -> bool:
+    """Whether a launch hook is installed (a profiler such as proton): Triton's own launch
+    path calls it, so such calls take that path."""
+    runtime = _TRITON_RUNTIME_KNOBS or _triton_runtime_knobs()
+    return bool(runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls)
+
+
+_TRITON_RUNTIME_KNOBS: Any = None
+
+
+def _triton_runtime_knobs() -> Any:
+    global _TRITON_RUNTIME_KNOBS
+    from triton import knobs
+
+    _TRITON_RUNTIME_KNOBS = knobs.runtime
+    return _TRITON_RUNTIME_KNOBS
+
+
+_LOCK = threading.RLock()
+_RECORDING = threading.local()
+
+
+@contextmanager
+def _watching(kernels: list[Any], recorder: _Recorder) -> Iterator[None]:
+    """Route ``kernels``' launches through ``recorder`` for this thread, with the torch
+    function mode suspended while they run (the interpreter's own torch calls are not the
+    module's)."""
+    originals = {id(k): k.run for k in kernels}
+
+    def watch(kernel: Any) -> Callable[..., Any]:
+        original = originals[id(kernel)]
+
+        def run(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            if getattr(_RECORDING, "recorder", None) is not recorder or warmup:
+                return original(*args, grid=grid, warmup=warmup, **kwargs)
+            with torch._C.DisableTorchFunction():
+                compiled = original(*args, grid=grid, warmup=warmup, **kwargs)
+            recorder.launched(kernel, compiled, grid, args, kwargs)
+            return compiled
+
+        return run
+
+    with _LOCK:
+        for kernel in kernels:
+            kernel.run = watch(kernel)
+        _RECORDING.recorder = recorder
+        try:
+            yield
+        finally:
+            _RECORDING.recorder = None
+            for kernel in kernels:
+                del kernel.run  # the class's own run again
+
+
+def record(
+    module: Any, launch: Callable[[], Result], tensors: dict[str, Any], compiled: bool
+) -> tuple[Result, TritonPlan | None, str | None]:
+    """Run ``launch`` (the module's ``_launch`` for this call) once, watching it: its
+    result, the plan that replays it (None where it cannot), and why not."""
+    from triton.runtime.jit import KernelInterface
+
+    found = [v for v in vars(module).values() if isinstance(v, KernelInterface)]
+    kernels = list({id(k): k for k in found}.values())  # an alias patched twice unpatches once
+    recorder = _Recorder(tensors)
+    with _watching(kernels, recorder), recorder:
+        result = launch()
+    out, lse = result
+    outputs = recorder.source(out), recorder.source(lse)
+    refusal = recorder.refusal
+    if refusal is None and not recorder.steps:
+        refusal = "no kernel launched"
+    if refusal is None and any(s is None or s[0] != "alloc" for s in outputs):
+        refusal = "an output that is not an allocation of the call"
+    if refusal is None and compiled and any(s.compiled is None for s in recorder.steps):
+        refusal = "a launch without a compiled kernel"
+    if refusal is not None:
+        return result, None, refusal
+    device = torch.cuda.current_device() if compiled else None
+    indexes = (outputs[0][1], outputs[1][1])  # type: ignore[index]
+    return result, TritonPlan(recorder, indexes, device), None

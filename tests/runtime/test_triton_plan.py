@@ -1,0 +1,201 @@
+"""Triton launch plans (attncc.runtime.triton_plan): a repeated call of a geometry replays the
+launches its first call recorded, and gets exactly what the full path gives.
+
+On the CPU the kernels run in the interpreter; with a GPU (the `kernels` step of
+benchmarks/gpu_suite.sh) the same tests replay compiled kernels through Triton's launcher.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from triton.runtime.jit import KernelInterface
+
+from attncc.checking import draw_sizes, make_inputs
+from attncc.runtime import triton_plan
+from attncc.runtime.jit import interpreter
+from tests.kernels._support import DEVICE, compiled
+
+CASES = [
+    ("causal", "fused"),
+    ("causal", "default"),  # one query: the fused kernel hands it to its split-KV launch
+    ("document_mask", "fused"),  # a tile index built by a kernel of its own first
+    ("alibi", "fused"),
+    ("paged_decode", "split_kv"),
+    ("decode_window", "split_kv"),
+    ("gqa_causal", "naive"),
+    ("sinks", "fused"),
+]
+
+
+def _draw(name: str, schedule: str, seed: int) -> tuple[Any, dict[str, torch.Tensor]]:
+    kernel = compiled(name, schedule)
+    rng = np.random.default_rng(seed)
+    sizes = draw_sizes(kernel.ir, rng, max_len=40, head_dims=(16,))
+    if schedule == "default" and kernel.ir.query_axis is not None:
+        sizes[kernel.ir.query_axis.dim] = 1
+    return kernel, sizes  # type: ignore[return-value]
+
+
+def _full_path(kernel: Any, inputs: dict[str, torch.Tensor], return_lse: bool) -> Any:
+    """The generated module's own entry, without plans: checks, configuration, launches."""
+    on_cpu = DEVICE == "cpu"
+    with interpreter(on_cpu):
+        out, lse = kernel.module(on_cpu)._forward(dict(inputs), {}, return_lse)
+    return out, lse
+
+
+@pytest.mark.parametrize(("name", "schedule"), CASES)
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_a_repeated_call_replays_and_matches_the_full_path(
+    name: str, schedule: str, return_lse: bool
+) -> None:
+    kernel, sizes = _draw(name, schedule, seed=3)
+    rng = np.random.default_rng(5)
+    first = make_inputs(kernel.ir, sizes, torch.float32, DEVICE, rng)
+    second = make_inputs(kernel.ir, sizes, torch.float32, DEVICE, rng)
+    kernel(**first, return_lse=return_lse)
+    assert kernel.launch_path(**second, return_lse=return_lse) == "replay"
+    got = kernel(**second, return_lse=return_lse)
+    out, lse = _full_path(kernel, second, return_lse)
+    if return_lse:
+        got_out, got_lse = got
+        torch.testing.assert_close(got_lse, kernel._returned_lse(lse), rtol=0, atol=0)
+    else:
+        got_out = got
+    torch.testing.assert_close(got_out, out, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_changed_layout_dtype_or_size_never_reuses_a_plan() -> None:
+    kernel = compiled("causal", "fused")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=gen).to(DEVICE) for _ in range(3))
+    kernel(q, k, v)
+    # the same sizes with q transposed in memory, then fp16, then more queries: each is a
+    # geometry of its own, with its own first call
+    q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)
+    assert kernel.launch_path(q_strided, k, v) == "full: no call of this geometry yet"
+    for args in ((q_strided, k, v), (q.half(), k.half(), v.half())):
+        want = _full_path(kernel, dict(zip("qkv", args, strict=True)), False)[0]
+        torch.testing.assert_close(kernel(*args), want)
+    longer = torch.randn(1, 2, 40, 16, generator=gen).to(DEVICE)
+    assert kernel.launch_path(longer, k, v) == "full: no call of this geometry yet"
+
+
+def test_a_misaligned_input_is_a_geometry_of_its_own() -> None:
+    kernel = compiled("causal", "fused")
+    base = torch.randn(2 * 24 * 16 + 1, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    aligned = base[: 2 * 24 * 16].view(1, 2, 24, 16)
+    shifted = base[1:].view(1, 2, 24, 16)  # 4 bytes off: Triton specializes on alignment
+    kernel(aligned, aligned, aligned)
+    assert kernel.launch_path(shifted, aligned, aligned).startswith("full")
+    got = kernel(shifted, aligned, aligned)
+    want = _full_path(kernel, {"q": shifted, "k": aligned, "v": aligned}, False)[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_checks_poisoning_outputs_drop_the_plans() -> None:
+    kernel, sizes = _draw("causal", "fused", seed=4)
+    inputs = make_inputs(kernel.ir, sizes, torch.float32, DEVICE, np.random.default_rng(0))
+    kernel(**inputs)
+    kernel.poison_outputs(True)
+    try:
+        assert kernel.launch_path(**inputs) == "full: no call of this geometry yet"
+    finally:
+        kernel.poison_outputs(False)
+
+
+class _Doubler(KernelInterface):  # type: ignore[type-arg]
+    """A stand-in kernel: out = 2 x (+ the kept buffer's values where given)."""
+
+    arg_names = ("x", "out", "extra")
+
+    def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        x, out = args[0], args[1]
+        extra = kwargs.get("extra", args[2] if len(args) > 2 else None)
+        out.copy_(x * 2 + (extra if extra is not None else 0))
+
+
+def _module() -> types.ModuleType:
+    module = types.ModuleType("fake_generated")
+    module.doubler = _Doubler()  # type: ignore[attr-defined]
+    return module
+
+
+def _record(launch: Any, x: torch.Tensor) -> tuple[Any, Any, str | None]:
+    return triton_plan.record(_module_of(launch), lambda: launch(x), {"x": x}, compiled=False)
+
+
+_MODULES: dict[int, types.ModuleType] = {}
+
+
+def _module_of(launch: Any) -> types.ModuleType:
+    return _MODULES.setdefault(id(launch), _module())
+
+
+def test_a_recorded_plan_allocates_fills_and_passes_kept_buffers() -> None:
+    kept = torch.ones(4)
+
+    def launch(x: torch.Tensor) -> Any:
+        module = _module_of(launch)
+        out = torch.empty(4)
+        out.fill_(float("nan"))
+        lse = torch.empty(0)
+        module.doubler[(1,)](x, out, extra=kept)
+        return out, lse
+
+    x = torch.arange(4.0)
+    (out, _), plan, refusal = _record(launch, x)
+    assert refusal is None and plan is not None
+    assert torch.equal(out, x * 2 + 1)
+    y = torch.full((4,), 3.0)
+    replayed = plan({"x": y})
+    assert replayed is not None
+    assert torch.equal(replayed[0], y * 2 + 1)
+    assert replayed[0].data_ptr() != out.data_ptr()  # a fresh output every call
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ("view", "torch.t"),
+        ("fill_input", "fill_ on a tensor that is not a fresh allocation"),
+        ("callable_grid", "a grid that is not a tuple of ints"),
+        ("input_as_output", "an output that is not an allocation of the call"),
+        ("nothing", "no kernel launched"),
+    ],
+)
+def test_what_a_replay_could_not_repeat_keeps_the_full_path(body: str, why: str) -> None:
+    def launch(x: torch.Tensor) -> Any:
+        module = _module_of(launch)
+        out, lse = torch.empty(4), torch.empty(0)
+        if body == "view":
+            module.doubler[(1,)](x.t().contiguous(), out, None)
+        elif body == "fill_input":
+            x.fill_(1.0)
+            module.doubler[(1,)](x, out, None)
+        elif body == "callable_grid":
+            module.doubler[lambda meta: (1,)](x, out, None)
+        elif body == "input_as_output":
+            module.doubler[(1,)](x, out, None)
+            return x, lse
+        return out, lse
+
+    _, plan, refusal = _record(launch, torch.arange(4.0))
+    assert plan is None
+    assert refusal == why
+
+
+def test_recording_leaves_the_kernels_as_they_were() -> None:
+    def launch(x: torch.Tensor) -> Any:
+        out = torch.empty(4)
+        _module_of(launch).doubler[(1,)](x, out, None)
+        return out, torch.empty(0)
+
+    _record(launch, torch.arange(4.0))
+    doubler = _module_of(launch).doubler
+    assert "run" not in vars(doubler)  # the class's run again, not the recorder's
