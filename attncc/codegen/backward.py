@@ -179,7 +179,9 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
         "sides": [{"index": j, "per_score": g.carries == "rows_keys"} for j, g in enumerate(sides)],
         "uses_tanh": "tanh" in plan.functions_used(k),
         "uses_pow": "pow" in plan.functions_used(k),  # derivatives of pow call pow too
-        "tile_index": None,
+        # the forward's tile index, built with the backward's tiles: dead pairs skipped
+        "tile_index": ctx.tile_index(),
+        "host_key_size": f"sizes[{k.key_axis.dim!r}]",
         "fast_division": False,
         "spec_lines": ctx.spec_lines,
     }
