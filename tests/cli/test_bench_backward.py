@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,34 @@ def test_a_failing_shape_is_an_error_row_and_the_next_still_runs(
     rows = bwd.read_rows(str(path))
     assert [r["shape"] for r in rows] == ["B=4 H=16 S=4096 D=128", "2,16,8192,128"]
     assert rows[0]["error"] == "OutOfMemoryError: CUDA out of memory" and rows[1]["error"] is None
+
+
+def test_the_run_compiles_in_parallel_then_measures_within_the_budget(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bwd = _backward_module()
+    calls: list[tuple[list[Any], list[str], bool, float]] = []
+
+    def run_pool(jobs: list[Any], slots: list[str], path: str, warm: bool, deadline: float,
+                 log: Any) -> int:  # fmt: skip
+        calls.append((jobs, slots, warm, deadline))
+        return 0
+
+    monkeypatch.setattr(bwd.matrix, "gpu_count", lambda: 1)
+    monkeypatch.setattr(bwd.matrix, "run_pool", run_pool)
+    path = tmp_path / "b.jsonl"
+    path.write_text(json.dumps(_row("causal", "B=4 H=16 S=4096 D=128", fwd_ms=1.0, bwd_ms=3.0,
+                                    anchors={"flex": 6.0})) + "\n")  # fmt: skip
+    argv = ["--json", str(path), "--budget", "240", "--workers", "3", "--log", str(tmp_path / "l")]
+    began = time.time()
+    assert bwd.main([*argv, "--variants", "fused,causal"]) == 0
+    (warm, warm_slots, is_warm, warm_end), (measure, gpus, is_measure, end) = calls
+    assert is_warm and not is_measure and warm_slots == ["0"] * 3 and gpus == ["0"]
+    # the measured shape is skipped; a compiling process per remaining (variant, shape)
+    assert [j.shapes for j in measure] == [("4,16,4096,128", "2,16,8192,128"), ("2,16,8192,128",)]
+    assert sorted(s for j in warm for s in j.shapes) == sorted(s for j in measure for s in j.shapes)
+    # no shape starts after budget - GRACE: the last one's grace ends within the budget
+    assert began + 0.45 * 240 - 1 < warm_end < end <= time.time() + 240 - bwd.matrix.GRACE
+    table = capsys.readouterr().out.splitlines()
+    assert sum(line.endswith("not measured") for line in table) == 3
+    assert any(line.startswith("causal") and "2.00" in line for line in table)
