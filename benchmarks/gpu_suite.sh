@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -158,6 +158,19 @@ if has bench; then
         --target "$target" --log "$OUT/${table}_log.txt" | tee -a "$OUT/bench.log"
     python3 benchmarks/matrix_table.py "$OUT/$table.jsonl" | tee "$OUT/$table.md"
     python3 benchmarks/plot.py "$OUT/$table.jsonl" --out "$OUT"
+fi
+
+if has backward; then
+    # issue 28's backward targets (benchmarks/backward.py): per variant at 4k and 8k (bf16,
+    # D=128, 16k tokens), attncc's forward and backward beside Flex's, FA2's and cuDNN's
+    # backward; compiles in parallel first, then times a variant a process, within BUDGET_S
+    # seconds (240). BACKWARD_TARGET: auto (default) or triton (the forward's target; the
+    # backward is Triton's either way). BACKWARD_RESUME=FILE continues an earlier call's file.
+    table=backward_$gpu
+    [ -n "${BACKWARD_RESUME:-}" ] && cp "$BACKWARD_RESUME" "$OUT/$table.jsonl"
+    python3 benchmarks/backward.py --json "$OUT/$table.jsonl" --budget "${BUDGET_S:-240}" \
+        --target "${BACKWARD_TARGET:-auto}" --log "$OUT/${table}_log.txt" 2>&1 \
+        | grep -vE "Warning|warn" | tee "$OUT/$table.txt"
 fi
 
 if has cudacol; then

@@ -7,6 +7,9 @@ FlashAttention-2's schedule, deterministic by construction (no float atomics):
   the side inputs' partial derivatives;
 - ``dkdv`` kernel, one program per (key tile, batch program): walks the query tiles, skipping
   those whose visible key range misses its tile, and accumulates dK and dV in registers.
+With a tile index (separable masks such as document ids), both kernels also skip the
+(query tile, key tile) pairs it leaves out: the forward's builder runs per call with the
+backward's tiles, and the host spreads its lists into a dense live map.
 
 Each program writes its own rows of float32 buffers indexed by batch program (every batch
 axis, query heads included); the host (``attncc.runtime.autograd``) sums them into the
@@ -179,7 +182,9 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
         "sides": [{"index": j, "per_score": g.carries == "rows_keys"} for j, g in enumerate(sides)],
         "uses_tanh": "tanh" in plan.functions_used(k),
         "uses_pow": "pow" in plan.functions_used(k),  # derivatives of pow call pow too
-        "tile_index": None,
+        # the forward's tile index, built with the backward's tiles: dead pairs skipped
+        "tile_index": ctx.tile_index(),
+        "host_key_size": f"sizes[{k.key_axis.dim!r}]",
         "fast_division": False,
         "spec_lines": ctx.spec_lines,
     }

@@ -48,9 +48,11 @@ def run(kernel: attncc.Kernel, given: dict[str, torch.Tensor], grad_out: torch.T
     return out, {name: t.grad for name, t in leaves.items() if t.is_floating_point()}
 
 
-def check(name: str, dtype: torch.dtype, **params: int) -> None:
+def check(
+    name: str, dtype: torch.dtype, given: dict[str, torch.Tensor] | None = None, **params: int
+) -> None:
     kernel = compiled(name, "fused")
-    given = inputs(name, dtype)
+    given = given or inputs(name, dtype)
     gen = torch.Generator().manual_seed(7)
     out_shape = given["q"].shape
     grad_out = torch.randn(out_shape, generator=gen).to(DEVICE, dtype)
@@ -92,6 +94,20 @@ def test_gradients_match_float64_reference(name: str) -> None:
 @pytest.mark.parametrize("name", ["softcap", "alibi"])
 def test_bfloat16_gradients(name: str) -> None:
     check(name, torch.bfloat16)
+
+
+def test_document_mask_gradients_skip_dead_tiles_and_keep_live_ones() -> None:
+    """200 tokens: 4 query and 4 key tiles of 64 in the backward, documents whose
+    boundaries fall inside tiles and differ per sequence. The backward skips the pairs the
+    tile index leaves out: queries 128-191 see no key of 0-63 in sequence 0, but in
+    sequence 1 two of them (128, 129, document 1) do; a live pair skipped there (a tile
+    classified by its start, the other sequence's index) loses their gradient."""
+    given = inputs("document_mask", torch.float32, m=200)
+    lengths = [[50, 30, 90, 30], [20, 110, 70]]  # boundaries at 50, 80, 170; at 20, 130
+    given["doc"] = torch.stack(
+        [torch.repeat_interleave(torch.arange(len(n)), torch.tensor(n)) for n in lengths]
+    ).to(DEVICE, torch.int32)
+    check("document_mask", torch.float32, given)
 
 
 def test_fully_masked_rows_give_zero_gradients() -> None:
