@@ -9,10 +9,12 @@ pass, no tiles), so it can judge them.
 
 Everything is materialised (scores [*batch, M, N]), which suits test sizes. A row whose every
 key is masked has probabilities 0, output 0 and gradient 0, never NaN (the forward's
-convention). ``dtype`` other than float64 evaluates the same math naively in a lower
-precision (the softmax in float32, rounded back, as eager PyTorch's softmax does): the flash-
+convention). A softmax sink joins each row's normaliser as one more logit with no value.
+``dtype`` other than float64 evaluates the same math naively in a lower precision (the
+softmax in float32, rounded back, as eager PyTorch's softmax does), its softmax
+differentiated by autograd or as flash backwards do (``eager_grads`` gives both): the flash-
 attn tolerance rule (``attncc.tolerance.compare_grad``) measures kernels' gradients against
-the float64 ones with the error of that evaluation.
+the float64 ones with the error of those evaluations.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ def attention(
         probs = _softmax(logits)[..., : v.shape[-2]].to(scores.dtype)
         out = probs @ v  # [*batch, rows, value]
     else:
-        out = _FlashSoftmaxValue.apply(logits, v, scores.dtype)
+        out = _FlashSoftmaxValue.apply(logits, v, scores.dtype)  # type: ignore[no-untyped-call]
     if query is None:
         out = out.squeeze(-2)
         have = [*batch, value]

@@ -242,3 +242,16 @@ def test_gradients_through_the_returned_log_sum_exp() -> None:
             "float32",
         )
         assert verdict.ok, (name, verdict)
+
+
+def test_reduced_gradient_is_bounded_by_both_naive_softmax_backwards() -> None:
+    """`attncc check examples/alibi.attn --backward --max-len 48`, fp32 trial B=2 H=3 M=16
+    N=19 D=128: the kernel's dslopes (a sum over b, m and n) is off by 1.1e-4, as a plain fp32
+    flash backward is (1.2e-4); autograd's eager evaluation was off by only 1.6e-6 (its dS
+    rows sum to zero within rounding), which made the bound 1.5e-5 and failed the kernel."""
+    from attncc.checking import check_backward
+
+    results = check_backward(compiled("alibi", "fused"), trials=7, max_len=48)
+    trial = results[6]
+    assert trial.case.describe() == "B=2 H=3 M=16 N=19 D=128" and trial.case.dtype == torch.float32
+    assert trial.ok, attncc.checking.grad_table([trial])
