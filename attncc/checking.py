@@ -26,7 +26,7 @@ from attncc.ir.nodes import AttentionKernel
 from attncc.ir.printer import expr_str as ir_str
 from attncc.ir.verify import subexprs
 from attncc.reference import Rounding, reference
-from attncc.reference_grad import float_inputs, reference_grads
+from attncc.reference_grad import eager_grads, float_inputs, reference_grads
 from attncc.runtime.kernel import Kernel
 from attncc.text import format_table
 from attncc.tolerance import Verdict, compare, compare_grad
@@ -584,13 +584,16 @@ def backward_refusal(kernel: AttentionKernel) -> str | None:
 
 
 def _grad_verdict(
-    grad: torch.Tensor | None, exact: torch.Tensor, eager: torch.Tensor, dtype: torch.dtype
+    grad: torch.Tensor | None,
+    exact: torch.Tensor,
+    eager: Sequence[torch.Tensor],
+    dtype: torch.dtype,
 ) -> Verdict:
     if grad is None:
         nan = float("nan")
         return Verdict(nan, nan, nan, nan, False, "no gradient")
     name = DTYPE_NAMES.get(dtype, "float32")  # an f64 input: float32's floor, the smallest
-    return compare_grad(_numpy(grad), _numpy(exact), _numpy(eager), name)
+    return compare_grad(_numpy(grad), _numpy(exact), [_numpy(e) for e in eager], name)
 
 
 def run_grad_case(
@@ -609,7 +612,7 @@ def run_grad_case(
     try:
         host = {k: v.cpu() for k, v in inputs.items()}
         _, exact = reference_grads(kernel.spec, host, grad_out, case.params)
-        _, eager = reference_grads(kernel.spec, host, grad_out, case.params, dtype=case.dtype)
+        eager = eager_grads(kernel.spec, host, grad_out, case.params, dtype=case.dtype)
         stage = ""
         # detach keeps each input's strides: the backward sees the drawn layout
         leaves = {k: v.detach().requires_grad_(k in floats) for k, v in inputs.items()}

@@ -32,6 +32,8 @@ def inputs_for(name: str) -> dict[str, torch.Tensor]:
         extra["slopes"] = randn(h, seed=4).abs()
     if name == "bias":
         extra["bias"] = randn(b, h, m, n, seed=5)
+    if name == "sinks":
+        extra["sinks"] = randn(h, seed=6)
     if name == "document_mask":
         k, v = randn(b, h, m, d, seed=2), randn(b, h, m, d, seed=3)
         extra["doc"] = torch.tensor([[0, 0, 1, 1, 1]])
@@ -53,7 +55,8 @@ def output_of(name: str, tensors: dict[str, torch.Tensor]) -> Callable[..., torc
 
 
 @pytest.mark.parametrize(
-    "name", ["causal", "gqa_causal", "alibi", "softcap", "bias", "document_mask", "prefix_lm"]
+    "name",
+    ["causal", "gqa_causal", "alibi", "softcap", "bias", "document_mask", "prefix_lm", "sinks"],
 )
 def test_gradients_match_finite_differences(name: str) -> None:
     tensors = inputs_for(name)
@@ -109,3 +112,21 @@ def test_low_precision_evaluation_differs_from_float64() -> None:
     )
     error = (rough["q"] - exact["q"]).abs().max().item()
     assert 0 < error < 0.1
+
+
+def test_flash_softmax_backward_is_autograds_in_float64() -> None:
+    """The eager evaluation's flash-style softmax backward (delta from the output, a sink
+    column in the normaliser only) has autograd's gradient, checked in float64."""
+    logits = randn(2, 5, 7, seed=1)
+    logits[0, 1, 2:] = float("-inf")  # masked keys; the last column is a sink
+    v = randn(2, 6, 3, seed=2).requires_grad_(True)
+    leaf = logits.clone().requires_grad_(True)
+
+    def flash(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return reference_grad._FlashSoftmaxValue.apply(x, values, F64)  # type: ignore[no-any-return]
+
+    grad_out = randn(2, 5, 3, seed=3)
+    got = torch.autograd.grad(flash(leaf, v), (leaf, v), grad_out)
+    want = torch.autograd.grad(torch.softmax(leaf, -1)[..., :6] @ v, (leaf, v), grad_out)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-13)

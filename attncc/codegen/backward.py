@@ -28,7 +28,7 @@ from attncc.codegen import exprs as cx
 from attncc.codegen import plan
 from attncc.codegen.triton import LOG2E, _Context, environment
 from attncc.ir import nodes as ir
-from attncc.ir.derivative import NoDerivative, score_chain
+from attncc.ir.derivative import NoDerivative, derivative, score_chain
 from attncc.ir.printer import expr_str
 from attncc.ir.verify import subexprs
 from attncc.spec import ast
@@ -51,9 +51,19 @@ class SideGrad:
 
 
 @dataclass(frozen=True)
+class SinkGrad:
+    """d(sink)/d(load) for one float load the softmax sink reads (``sinks[h]``: 1). The
+    sink's own gradient needs no kernel: the host forms it from the log-sum-exp and delta."""
+
+    load: ir.Load
+    derivative: ir.Expr
+
+
+@dataclass(frozen=True)
 class RenderedBackward:
     source: str
     side_grads: tuple[SideGrad, ...]
+    sink_grads: tuple[SinkGrad, ...] = ()
 
 
 def _refuse(k: ir.AttentionKernel, why: str) -> BackwardUnsupported:
@@ -99,8 +109,6 @@ def check_supported(k: ir.AttentionKernel) -> None:
         raise _refuse(
             k, f"only the fused prefill schedule has a backward (this kernel is {k.schedule})"
         )
-    if k.sink is not None:
-        raise _refuse(k, "a softmax sink has no gradient yet")
     ctx = _Context(k, "")
     if ctx.gathered or plan.divisor_dims(k):
         raise _refuse(k, "keys read through other tensors (a paged cache) have no backward yet")
@@ -111,6 +119,22 @@ def check_supported(k: ir.AttentionKernel) -> None:
     except NoDerivative as err:
         raise _refuse(k, str(err)) from None
     side_grads(k)
+    sink_grads(k)
+
+
+def sink_grads(k: ir.AttentionKernel) -> tuple[SinkGrad, ...]:
+    """Every float load the softmax sink reads, with the sink's derivative by it (the sink
+    reads batch indices only, so its loads' subscripts are evaluated per batch program)."""
+    if k.sink is None:
+        return ()
+    found: list[SinkGrad] = []
+    for e in subexprs(k.sink):
+        if isinstance(e, ir.Load) and e.type == "float" and all(g.load != e for g in found):
+            try:
+                found.append(SinkGrad(e, derivative(k.sink, e)))
+            except NoDerivative as err:
+                raise _refuse(k, f"the softmax sink: {err}") from None
+    return tuple(found)
 
 
 def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBackward:
@@ -189,7 +213,7 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
         "spec_lines": ctx.spec_lines,
     }
     source = environment().get_template("backward.py.jinja").render(**values)
-    return RenderedBackward(source, sides)
+    return RenderedBackward(source, sides, sink_grads(k))
 
 
 def describe(sides: tuple[SideGrad, ...]) -> list[dict[str, Any]]:

@@ -43,6 +43,7 @@ class Backward:
     def __init__(self, kernel: ir.AttentionKernel, rendered: codegen.RenderedBackward) -> None:
         self.ir = kernel
         self.sides = rendered.side_grads
+        self.sink_grads = rendered.sink_grads
         self.path: Path = module_path(f"{kernel.name}_bwd", rendered.source)
         # the inputs with gradients: integer and bool inputs index or mask
         self.floats = tuple(t.name for t in kernel.tensors if dtype_type(t.dtype) == "float")
@@ -90,7 +91,63 @@ class Backward:
                 scatter.add(grads, operand, buffer, (rows, keys))
             else:
                 scatter.add(grads, operand, buffer.sum(-1), ())
+        if self.sink_grads:
+            d_sink = self._d_sink(sizes, params, tensors, out, lse, dout, flat_dlse)
+            for sink in self.sink_grads:
+                factor = self._per_program(sink.derivative, sizes, params, tensors, device)
+                operand = ir.Operand(sink.load.tensor, sink.load.indices)
+                scatter.add(grads, operand, d_sink * factor, ())
         return [grads[name].to(tensors[name].dtype) for name in self.floats]
+
+    def _per_program(
+        self,
+        expr: ir.Expr,
+        sizes: Mapping[str, int],
+        params: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+    ) -> torch.Tensor:
+        """``expr`` (batch indices only) for every batch program, float32 [programs]."""
+        shape = [sizes[a.dim] for a in self.ir.batch_axes]
+        grid = {}
+        for axis, a in enumerate(self.ir.batch_axes):
+            view = [1] * len(shape)
+            view[axis] = shape[axis]
+            grid[a.index] = torch.arange(shape[axis], device=device).reshape(view)
+        value = torch.as_tensor(evaluate(expr, grid, sizes, params, tensors), device=device)
+        return torch.broadcast_to(value.to(torch.float32), shape).reshape(-1)
+
+    def _d_sink(
+        self,
+        sizes: Mapping[str, int],
+        params: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        dout: torch.Tensor,
+        dlse: torch.Tensor,
+    ) -> torch.Tensor:
+        """d(loss)/d(sink) per batch program, float32 [programs].
+
+        The sink joins the normaliser only: lse = log(exp(sink) + sum_n exp(s_n)), so
+        d lse / d sink = P_sink = exp(sink - lse) and d P_n / d sink = -P_n * P_sink. Through
+        the output (sum_n dP_n * P_n = rowsum(dO * O) = delta) and the returned log-sum-exp,
+        d(loss)/d(sink) = -sum over rows of P_sink * (delta - dlse): O(programs * rows *
+        value) on the host, summed by torch in a fixed order (no atomics)."""
+        k = self.ir
+        assert k.sink is not None and k.query_axis is not None
+        programs, rows = dlse.shape
+        # the output in (batch axes, rows, value) order, as the kernels index programs
+        frame = [a.index for a in k.batch_axes] + [k.query_axis.index, k.value_axis.index]
+        order = [k.output.indices.index(i) for i in frame]
+        o = out.permute(order).reshape(programs, rows, -1).to(torch.float32)
+        do = dout.permute(order).reshape(programs, rows, -1).to(torch.float32)
+        delta = (do * o).sum(-1) - dlse
+        sink = self._per_program(k.sink, sizes, params, tensors, out.device)
+        lse = lse.reshape(programs, rows).to(torch.float32)
+        # a row whose sink and keys are all -inf has no probability to give
+        p_sink = torch.where(lse == -torch.inf, 0.0, torch.exp(sink[:, None] - lse))
+        return -(p_sink * delta).sum(-1)
 
 
 class _Scatter:
