@@ -18,8 +18,10 @@ import pytest
 import torch
 import transformers
 from transformers import (
+    AutoModel,
     AutoModelForCausalLM,
     Gemma2Config,
+    Gemma3TextConfig,
     GptOssConfig,
     LlamaConfig,
     MistralConfig,
@@ -49,9 +51,18 @@ SPECS_RUN = {
     "qwen2": {"hf_causal"},
     "mistral": {"hf_causal_window"},
     "gemma2": {"hf_causal_window_softcap", "hf_causal_softcap"},
+    "gemma3": {"hf_causal_window", "hf_causal"},
+    # transformers' Gemma 3 layers keep attn_logit_softcapping but never pass it to the
+    # attention function (eager leaves it out too): the uncapped specs, as transformers runs
+    "gemma3_softcap": {"hf_causal_window", "hf_causal"},
     "gpt_oss": {"hf_causal_window_sinks", "hf_causal_sinks"},
 }
 
+GEMMA3 = {
+    "sliding_window": 4,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "query_pre_attn_scalar": 16,
+}
 FAMILIES = {
     "llama": (LlamaConfig, {}, "sdpa"),
     "qwen2": (Qwen2Config, {}, "sdpa"),
@@ -65,6 +76,14 @@ FAMILIES = {
             "final_logit_softcapping": 30.0,
             "query_pre_attn_scalar": 16,
         },
+        "eager",
+    ),
+    # a sliding layer (window 4) and a full one, as in Gemma 3's 5:1 pattern
+    "gemma3": (Gemma3TextConfig, GEMMA3, "sdpa"),
+    # a Gemma 3 config that sets soft-capping (see SPECS_RUN: transformers does not apply it)
+    "gemma3_softcap": (
+        Gemma3TextConfig,
+        {**GEMMA3, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 30.0},
         "eager",
     ),
     # layers alternate sliding (window 4) and full, each with a learned sink logit per head
@@ -206,6 +225,26 @@ def test_packed_sequences_run_on_a_dense_mask(specs_run: set[str]) -> None:
     assert specs_run == {"hf_dense"}
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_gemma3_bidirectional_runs_on_a_dense_mask(padded: bool, specs_run: set[str]) -> None:
+    """Gemma 3 with use_bidirectional_attention (EmbeddingGemma) builds its masks as causal
+    OR an opaque function (always true; |q - k| inside the window for sliding layers): a
+    pattern no spec states, materialised and run by hf_dense."""
+    configs = [
+        Gemma3TextConfig(**SIZES, **GEMMA3, use_bidirectional_attention=True) for _ in range(2)
+    ]
+    torch.manual_seed(0)
+    ref = AutoModel.from_config(configs[0], attn_implementation="sdpa").eval()
+    ours = AutoModel.from_config(configs[1], attn_implementation="attncc").eval()
+    ours.load_state_dict(ref.state_dict())
+    ids, mask = batch(padded)
+    with torch.no_grad():
+        got = ours(ids, attention_mask=mask).last_hidden_state
+        want = ref(ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(real(got, mask), real(want, mask), **TOL)
+    assert specs_run == {"hf_dense"}
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt_oss"])
 def test_4d_masks_from_the_caller(family: str, specs_run: set[str]) -> None:
     """A caller's own 4-D mask (boolean or additive) reaches the attention as it is: hf_dense
@@ -307,7 +346,7 @@ def test_import_attncc_leaves_transformers_out() -> None:
     assert done.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2", "gemma3", "gpt_oss"])
 def test_static_cache_decode(family: str) -> None:
     """A static cache hands attention all its slots, the unwritten ones too, with a query
     offset (a tensor) into them: the padding mask hides the unwritten slots. generate()
