@@ -11,6 +11,13 @@ expression of the user's spec (masks, score modifications, the softmax's sink) s
 sequence, ``M`` and ``N`` the query's sequence lengths. So ``mask m >= n`` is causal within
 each sequence and ``mask m + N - M >= n`` bottom-right causal within each.
 
+Decode against a cache (flash-attn's ``seqused_k``): ``k``/``v`` hold each sequence's cache
+slots (``cu_seqlens_k`` their offsets), of which only the first ``seqused_k[b]`` are written.
+A call passing ``seqused_k`` runs a third spec, derived with ``seqused_k=True``: ``N`` is then
+``seqused_k[b]`` and the slots past it are masked (a row-against-key comparison, so the tile
+index skips the key tiles of unused slots as it skips other sequences' tiles), and
+``mask m + N - M >= n`` puts the last query of a sequence on its last used key.
+
 The derived spec is spec text, checked and compiled like any other
 (``VarlenKernel.source`` shows it); the rewrite works on the AST and prints every
 expression fully parenthesised.
@@ -36,6 +43,8 @@ __all__ = ["VarlenKernel", "varlen", "varlen_source"]
 _TOTAL_Q, _TOTAL_K, _OFFSETS = "TOTAL_Q", "TOTAL_K", "SEQS_PLUS_1"
 _SEQ_Q, _SEQ_K, _CU_Q, _CU_K = "seq_q", "seq_k", "cu_seqlens_q", "cu_seqlens_k"
 _ADDED = (_TOTAL_Q, _TOTAL_K, _OFFSETS, _SEQ_Q, _SEQ_K, _CU_Q, _CU_K)
+# and, with seqused_k, the number of sequences and the used cache length of each
+_SEQS, _USED_K = "SEQS", "seqused_k"
 
 
 def _fmt(expr: ast.Expr) -> str:
@@ -71,10 +80,16 @@ class _Rewrite:
     key_dim: str
     # input name -> (position of the dropped batch axis, position of the token axis)
     operands: dict[str, tuple[int, int]]
+    seqused_k: bool = False  # the key length is seqused_k[b], not the packed length
 
     def local(self, name: str) -> str | None:
         """The local value a name stands for in the user's expressions."""
         row_seq = f"{_SEQ_Q}[{self.query}]"
+        key_length = (
+            f"{_USED_K}[{row_seq}]"
+            if self.seqused_k
+            else f"({_CU_K}[{row_seq} + 1] - {_CU_K}[{row_seq}])"
+        )
         return {
             self.query: f"({self.query} - {_CU_Q}[{row_seq}])",
             self.key: f"({self.key} - {_CU_K}[{_SEQ_K}[{self.key}]])",
@@ -82,7 +97,7 @@ class _Rewrite:
             # lengths through the query's sequence: equal to the key's where the
             # sequence mask holds, and it keeps key-side terms reading the key only
             self.query_dim: f"({_CU_Q}[{row_seq} + 1] - {_CU_Q}[{row_seq}])",
-            self.key_dim: f"({_CU_K}[{row_seq} + 1] - {_CU_K}[{row_seq}])",
+            self.key_dim: key_length,
             self.batch_dim: f"({_OFFSETS} - 1)",
         }.get(name)
 
@@ -136,11 +151,14 @@ def _refuse(spec: CheckedSpec, why: str) -> ValueError:
     return ValueError(f"attncc.varlen({spec.name}): {why}")
 
 
-def varlen_source(spec: str | Path | CheckedSpec, batch: str | None = None) -> str:
+def varlen_source(
+    spec: str | Path | CheckedSpec, batch: str | None = None, seqused_k: bool = False
+) -> str:
     """The spec text of ``spec``'s variable-length form (see the module docstring).
 
     ``batch`` names the sequence-batch index (default: the first score index that indexes
-    query, key, value and output directly, ``b`` in ``s[b, h, m, n]``)."""
+    query, key, value and output directly, ``b`` in ``s[b, h, m, n]``). ``seqused_k``: the
+    form that takes ``seqused_k[B]`` (int32), the used length of each sequence's keys."""
     checked = load(spec)
     kernel = lower(checked)
     if kernel.query_axis is None:
@@ -148,7 +166,7 @@ def varlen_source(spec: str | Path | CheckedSpec, batch: str | None = None) -> s
     if checked.views or checked.derived_dims:
         raise _refuse(checked, "views and derived dims (paged caches) have no packed form")
     taken = set(checked.dims) | set(checked.inputs) | set(checked.params) | set(checked.lets)
-    clash = sorted(taken & set(_ADDED))
+    clash = sorted(taken & {*_ADDED, *((_SEQS, _USED_K) if seqused_k else ())})
     if clash:
         raise _refuse(checked, f"the spec already names {', '.join(clash)}; rename it")
 
@@ -175,7 +193,17 @@ def varlen_source(spec: str | Path | CheckedSpec, batch: str | None = None) -> s
     for op, token in ((kernel.query, query), (kernel.key, key), (kernel.value, key)):
         names = [i.name if isinstance(i, ir.Index) else None for i in op.indices]
         operands[op.tensor] = (names.index(seq.index), names.index(token.index))
-    rw = _Rewrite(checked, seq.index, seq.dim, query.index, query.dim, key.index, key.dim, operands)
+    rw = _Rewrite(
+        checked,
+        seq.index,
+        seq.dim,
+        query.index,
+        query.dim,
+        key.index,
+        key.dim,
+        operands,
+        seqused_k,
+    )
     seq_names = {seq.index, query.index, key.index, seq.dim, query.dim, key.dim}
     for name, value in checked.lets.items():
         used = {n.name for n in walk(value) if isinstance(n, ast.Name)} & seq_names
@@ -198,7 +226,8 @@ def varlen_source(spec: str | Path | CheckedSpec, batch: str | None = None) -> s
         )
     if seq.dim in aux_dims:
         dims.append(seq.dim)
-    lines.append(f"dims {', '.join([*dims, _TOTAL_Q, _TOTAL_K, _OFFSETS])}")
+    added_dims = [_TOTAL_Q, _TOTAL_K, _OFFSETS, *((_SEQS,) if seqused_k else ())]
+    lines.append(f"dims {', '.join([*dims, *added_dims])}")
     for tensor in checked.inputs.values():
         dtype = f": {tensor.dtype}" if tensor.dtype != "float" else ""
         layout = list(tensor.dims)
@@ -211,6 +240,8 @@ def varlen_source(spec: str | Path | CheckedSpec, batch: str | None = None) -> s
     lines.append(f"in {_SEQ_K}[{_TOTAL_K}]: i32")
     lines.append(f"in {_CU_Q}[{_OFFSETS}]: i32")
     lines.append(f"in {_CU_K}[{_OFFSETS}]: i32")
+    if seqused_k:
+        lines.append(f"in {_USED_K}[{_SEQS}]: i32")
     for info in checked.params.values():
         default = f" = {rw.expr(info.default)}" if info.default is not None else ""
         lines.append(f"param {info.name}: {info.dtype}{default}")
@@ -218,6 +249,11 @@ def varlen_source(spec: str | Path | CheckedSpec, batch: str | None = None) -> s
         lines.append(f"let {name} = {_fmt(value)}")
     # the sequence mask first: the tile index skips every cross-sequence tile by it
     lines.append(f"mask {_SEQ_Q}[{query.index}] == {_SEQ_K}[{key.index}]")
+    if seqused_k:
+        # the cache slots past the used length, stated as the row's end against the packed
+        # key index (separable), so the tile index skips the unused slots' tiles
+        row_seq = f"{_SEQ_Q}[{query.index}]"
+        lines.append(f"mask {key.index} < ({_CU_K}[{row_seq}] + {_USED_K}[{row_seq}])")
     for stmt in checked.spec.statements:
         match stmt:
             case ast.AssignStmt(target=target, indices=indices, value=value):
@@ -246,11 +282,40 @@ class VarlenKernel:
     on flash-attn's packed layout: ``q[total_q, H, D]``, ``k``/``v[total_k, KVH, D]``,
     ``cu_seqlens_*`` int32 ``[B + 1]`` offsets from 0 to the totals. Other inputs and params
     by name, ``return_lse=True`` as for any kernel (the lse is ``[H, total_q]``, as
-    flash-attn's). The maximum lengths are accepted for flash-attn's signature, not needed."""
+    flash-attn's). The maximum lengths are accepted for flash-attn's signature, not needed.
 
-    def __init__(self, source: str, compile_spec: Callable[[str], Any]) -> None:
+    ``seqused_k=`` (int32 ``[B]``): only the first ``seqused_k[b]`` keys of sequence ``b``'s
+    slots are used; that call runs the spec of ``seqused_source``, derived and compiled on
+    first use (``derive_seqused`` writes it)."""
+
+    def __init__(
+        self,
+        source: str,
+        compile_spec: Callable[[str], Any],
+        derive_seqused: Callable[[], str] | None = None,
+    ) -> None:
         self.source = source
+        self._compile = compile_spec
+        self._derive_seqused = derive_seqused
         self.kernel = compile_spec(source)
+        self._seqused_kernel: Any = None
+
+    @property
+    def seqused_source(self) -> str:
+        """The spec text of the seqused_k form."""
+        if self._derive_seqused is None:
+            raise ValueError(
+                f"attncc.varlen({self.kernel.name}): built without a seqused_k form; "
+                "build it with attncc.varlen(spec)"
+            )
+        return self._derive_seqused()
+
+    @property
+    def seqused_kernel(self) -> Any:
+        """The compiled seqused_k form (compiled on first use)."""
+        if self._seqused_kernel is None:
+            self._seqused_kernel = self._compile(self.seqused_source)
+        return self._seqused_kernel
 
     def __call__(
         self,
@@ -261,6 +326,8 @@ class VarlenKernel:
         cu_seqlens_k: torch.Tensor,
         max_seqlen_q: int | None = None,
         max_seqlen_k: int | None = None,
+        *,
+        seqused_k: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Any:
         for name, cu, total in (
@@ -285,13 +352,20 @@ class VarlenKernel:
             # would otherwise read past the packed tensors
             for cu, total in ((cu_seqlens_q, q.shape[0]), (cu_seqlens_k, k.shape[0])):
                 torch._assert_async(cu[-1] == total)
+        kernel = self.kernel
+        extra: dict[str, torch.Tensor] = {}
+        if seqused_k is not None:
+            _check_seqused_k(seqused_k, cu_seqlens_k)
+            kernel = self.seqused_kernel
+            extra[_USED_K] = seqused_k
         seq_q = _sequence_ids(cu_seqlens_q, q.shape[0])
         seq_k = _sequence_ids(cu_seqlens_k, k.shape[0])
-        result = self.kernel(
+        result = kernel(
             q,
             k,
             v,
             **{_SEQ_Q: seq_q, _SEQ_K: seq_k, _CU_Q: cu_seqlens_q, _CU_K: cu_seqlens_k},
+            **extra,
             **kwargs,
         )
         if not kwargs.get("return_lse"):
@@ -299,10 +373,42 @@ class VarlenKernel:
         out, lse = result
         # the kernel returns the lse in its scores' index order ([total_q, H] for s[m, h, n]);
         # flash-attn's varlen calls return [H, total_q]: the query axis last
-        order = self.kernel.ir.lse_order
-        query = self.kernel.ir.query_axis.index
+        order = kernel.ir.lse_order
+        query = kernel.ir.query_axis.index
         last = [order.index(i) for i in order if i != query] + [order.index(query)]
         return out, lse.permute(last)
+
+
+def _check_seqused_k(seqused_k: torch.Tensor, cu_seqlens_k: torch.Tensor) -> None:
+    """seqused_k is int32 [B], each within its sequence's slots (0 <= used <= slots)."""
+    batch = cu_seqlens_k.shape[0] - 1
+    if (
+        not isinstance(seqused_k, torch.Tensor)
+        or seqused_k.dim() != 1
+        or seqused_k.dtype != torch.int32
+        or seqused_k.shape[0] != batch
+    ):
+        got = (
+            f"{str(seqused_k.dtype).removeprefix('torch.')} {list(seqused_k.shape)}"
+            if isinstance(seqused_k, torch.Tensor)
+            else type(seqused_k).__name__
+        )
+        raise TypeError(f"seqused_k must be a 1-D int32 tensor of {batch} lengths, got {got}")
+    if seqused_k.device != cu_seqlens_k.device:
+        raise ValueError(
+            f"seqused_k is on {seqused_k.device}, cu_seqlens_k on {cu_seqlens_k.device}"
+        )
+    slots = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    if seqused_k.device.type == "cpu":
+        if bool(((seqused_k < 0) | (seqused_k > slots)).any()):
+            raise ValueError(
+                f"seqused_k must lie within each sequence's key slots {slots.tolist()}, "
+                f"got {seqused_k.tolist()}"
+            )
+    else:
+        # on the device, without a host synchronisation: a length past its slots would read
+        # the next sequence's keys
+        torch._assert_async(((seqused_k >= 0) & (seqused_k <= slots)).all())
 
 
 def _sequence_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
@@ -322,4 +428,8 @@ def varlen(
     if isinstance(spec, Kernel):
         spec = spec.spec
     source = varlen_source(spec, batch)
-    return VarlenKernel(source, lambda text: compile_spec(text, target, **options))
+    return VarlenKernel(
+        source,
+        lambda text: compile_spec(text, target, **options),
+        lambda: varlen_source(spec, batch, seqused_k=True),
+    )

@@ -66,8 +66,8 @@ class Features:
     sinks: bool = False
 
 
-# One row per spec. A call whose features have no row runs under a dense mask (hf_dense),
-# except attention sinks, which need a spec that states them.
+# One row per spec. A call whose features have no row runs under a dense mask (hf_dense, or
+# hf_dense_sinks with attention sinks); soft-capping with sinks has no spec and is refused.
 SPEC_TABLE: dict[Features, str] = {
     Features("causal"): "hf_causal",
     Features("causal", padded=True): "hf_causal_padded",
@@ -83,6 +83,13 @@ SPEC_TABLE: dict[Features, str] = {
     Features("dense", softcap=True): "hf_dense_softcap",
     Features("bias"): "hf_bias",
     Features("bias", softcap=True): "hf_bias_softcap",
+    # attention sinks (gpt-oss: layers alternate a sliding window and full causal attention)
+    Features("causal", sinks=True): "hf_causal_sinks",
+    Features("causal", padded=True, sinks=True): "hf_causal_sinks_padded",
+    Features("causal", window=True, sinks=True): "hf_causal_window_sinks",
+    Features("causal", window=True, padded=True, sinks=True): "hf_causal_window_sinks_padded",
+    Features("dense", sinks=True): "hf_dense_sinks",
+    Features("bias", sinks=True): "hf_bias_sinks",
 }
 
 
@@ -293,17 +300,17 @@ def attention_forward(
         features = dataclasses.replace(features, sinks=True)
         extras["sinks"] = s_aux
     spec_name = SPEC_TABLE.get(features)
-    if spec_name is None:
-        if features.sinks:
-            raise NotImplementedError(
-                "attncc: attention sinks (s_aux, as in gpt-oss) have no attncc spec yet; "
-                "run this model with attn_implementation='sdpa' or 'eager'"
-            )
+    if spec_name is None and features.mask in ("causal", "full"):
         # a combination no spec states: the same mask, materialised
         dense = _dense_from_flags(mask, batch, q_len, kv_len, query.device)
-        features = Features("dense", softcap=features.softcap)
-        spec_name = SPEC_TABLE[features]
-        extras = {"allowed": dense}
+        features = Features("dense", softcap=features.softcap, sinks=features.sinks)
+        spec_name = SPEC_TABLE.get(features)
+        extras = {"allowed": dense, **({"sinks": s_aux} if s_aux is not None else {})}
         params = {k: params[k] for k in ("scale", "cap") if k in params}
+    if spec_name is None:
+        raise NotImplementedError(
+            "attncc: logit soft-capping together with attention sinks (s_aux) has no attncc "
+            "spec; run this model with attn_implementation='eager'"
+        )
     out = kernel(spec_name)(q=query, k=key, v=value, **extras, **params)
     return out, None

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import attncc
+from attncc.ir import nodes as ir
 from attncc.reference import reference
 from attncc.varlen import VarlenKernel, varlen, varlen_source
 from tests.kernels._support import example_path
@@ -33,7 +34,7 @@ def _case(
     name: str, q_lens: tuple[int, ...], k_lens: tuple[int, ...], seed: int = 0
 ) -> dict[str, Any]:
     torch.manual_seed(seed)
-    heads, kv_heads, dim = (4, 2, 32) if "gqa" in name else (2, 2, 32)
+    heads, kv_heads, dim = (4, 2, 32) if "gqa" in name or name == "sinks" else (2, 2, 32)
     q = torch.randn(sum(q_lens), heads, dim)
     k = torch.randn(sum(k_lens), kv_heads, dim)
     v = torch.randn(sum(k_lens), kv_heads, dim)
@@ -131,3 +132,97 @@ def test_bad_offsets_are_one_clear_error() -> None:
 def test_specs_without_a_packed_form_are_refused(name: str, why: str) -> None:
     with pytest.raises(ValueError, match=why):
         varlen_source(example_path(name))
+
+
+# decode and chunked decode against a cache: each sequence owns SLOTS key slots, of which the
+# first USED are written (a length-0 cache, a full one, one within a single key tile)
+SLOTS = (40, 40, 64, 8)
+USED = (17, 0, 64, 1)
+
+
+def _cache_case(name: str, q_lens: tuple[int, ...], seed: int) -> dict[str, Any]:
+    case = _case(name, q_lens, SLOTS, seed)
+    if name == "sinks":
+        case["extra"] = {"sinks": 2 * torch.randn(case["q"].shape[1])}
+    # the unused slots hold large values: a kernel reading one is far off
+    unused = torch.cat(
+        [
+            torch.arange(used, slots) + start
+            for used, slots, start in zip(USED, SLOTS, _cu(SLOTS)[:-1], strict=True)
+        ]
+    )
+    for name_ in ("k", "v"):
+        case[name_][unused] = 100 * torch.randn_like(case[name_][unused])
+    return case
+
+
+@pytest.mark.parametrize(
+    ("name", "q_lens", "params"),
+    [
+        ("causal_bottom_right", (1, 1, 1, 1), {}),  # decode: a query per sequence
+        ("causal_bottom_right", (3, 1, 5, 1), {}),  # chunked prefill / speculative decode
+        ("sinks", (1, 1, 1, 1), {"window": 24}),  # gpt-oss decode: GQA, window and sinks
+        ("sinks", (2, 1, 3, 1), {"window": 24}),
+        # no mask at all: only the used length keeps the unused slots out
+        ("fused", (1, 1, 1, 1), {}),
+        ("fused", (3, 1, 5, 1), {}),
+    ],
+)
+def test_seqused_k_reads_only_the_used_keys(name: str, q_lens: tuple[int, ...], params) -> None:
+    """flash-attn's seqused_k: sequence b's keys are its first USED[b] slots, its last query
+    sits on its last used key (bottom-right), and the float64 reference of the batched spec
+    on exactly those keys agrees; a sequence with no used key gives 0 (its lse: -inf, or
+    the sink)."""
+    kernel = compiled_varlen(name)
+    case = _cache_case(name, q_lens, seed=5)
+    used = torch.tensor(USED, dtype=torch.int32)
+    cq, ck = _cu(q_lens), _cu(SLOTS)
+    out, lse = kernel(
+        case["q"], case["k"], case["v"], cq, ck, max(q_lens), max(SLOTS),
+        seqused_k=used, **case["extra"], **params, return_lse=True,
+    )  # fmt: skip
+    spec = attncc.load(example_path(name))
+    for i, length in enumerate(USED):
+        got, got_lse = out[cq[i] : cq[i + 1]], lse[:, cq[i] : cq[i + 1]]
+        if length == 0:
+            assert torch.equal(got, torch.zeros_like(got))
+            if name == "sinks":
+                sinks = case["extra"]["sinks"][:, None].expand_as(got_lse)
+                assert torch.allclose(got_lse, sinks, atol=1e-6, rtol=1e-6)
+            else:
+                assert torch.equal(got_lse, torch.full_like(got_lse, float("-inf")))
+            continue
+        q = case["q"][cq[i] : cq[i + 1]].transpose(0, 1)[None].double().numpy()
+        k, v = (
+            case[t][ck[i] : ck[i] + length].transpose(0, 1)[None].double().numpy() for t in "kv"
+        )
+        extra = {n: t.double().numpy() for n, t in case["extra"].items()}
+        want, want_lse = reference(spec)(q, k, v, **extra, **params, return_lse=True)
+        want_out = torch.from_numpy(want[0]).transpose(0, 1)
+        assert torch.allclose(got.double(), want_out, atol=2e-5, rtol=2e-5)
+        assert torch.allclose(got_lse.double(), torch.from_numpy(want_lse[0]), atol=2e-5, rtol=2e-5)
+
+
+def test_seqused_k_tiles_past_the_used_keys_are_skipped() -> None:
+    """The used length is a row-against-key bound in the tile index, as the sequence mask."""
+    _, kernel = attncc.optimise(varlen_source(example_path("causal"), seqused_k=True))
+    assert kernel.tile_index is not None
+    bounds = [m for m in kernel.tile_index.masks if "seqused_k" in repr(m.row)]
+    assert [(m.op, m.key) for m in bounds] == [(">", ir.Index("n", "int"))]
+
+
+def test_bad_seqused_k_is_one_clear_error() -> None:
+    kernel = compiled_varlen("causal_bottom_right")
+    case = _case("causal_bottom_right", (1, 1), (8, 8))
+    cu_q, cu_k = _cu((1, 1)), _cu((8, 8))
+    args = (case["q"], case["k"], case["v"], cu_q, cu_k, 1, 8)
+    with pytest.raises(
+        TypeError, match=r"seqused_k must be a 1-D int32 tensor of 2 lengths, got int64 \[2\]"
+    ):
+        kernel(*args, seqused_k=torch.tensor([3, 4]))
+    with pytest.raises(TypeError, match="of 2 lengths, got int32 \\[3\\]"):
+        kernel(*args, seqused_k=torch.tensor([3, 4, 5], dtype=torch.int32))
+    with pytest.raises(
+        ValueError, match=r"within each sequence's key slots \[8, 8\], got \[3, 9\]"
+    ):
+        kernel(*args, seqused_k=torch.tensor([3, 9], dtype=torch.int32))
