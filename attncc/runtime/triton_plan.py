@@ -21,10 +21,11 @@ profiler: it gets Triton's own launches).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -69,6 +70,10 @@ class _Allocation:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     like: Source | None  # a like-factory's tensor argument
+    # the tensor itself where the module kept it (a cached buffer such as split-KV's arrival
+    # counters, made by the call that was recorded): later calls of the full path reuse it
+    # rather than allocate, and so does the replay
+    kept: torch.Tensor | None = None
 
 
 @dataclass
@@ -167,6 +172,7 @@ class _Recorder(TorchFunctionMode):
             source = self._argument(value)
             if source is not None:
                 slots.append((at, source))
+                values[at] = None  # filled at each call; holding it would count as keeping it
         return _Step(kernel, compiled, full_grid, values, tail, tuple(slots))
 
     def _argument(self, value: Any) -> Source | None:
@@ -185,14 +191,34 @@ class _Recorder(TorchFunctionMode):
 
 
 class TritonPlan:
-    """A recorded call, replayed on a later call of the same geometry (see the module)."""
+    """A recorded call, replayed on a later call of the same geometry (see the module).
+
+    Compiled replays pass data pointers, so the call's scratch (allocations only kernels
+    read, such as split-KV's partial results) comes from one allocation at offsets: an
+    allocation costs 2-4 us of host time, more than a split-KV launch's share."""
 
     def __init__(self, recorder: _Recorder, outputs: tuple[int, int], device: int | None) -> None:
-        self.allocations = tuple(recorder.allocations)
-        self.fills = tuple(recorder.fills)
-        self.steps = tuple(recorder.steps)
+        kept = _kept(recorder, outputs)
+        for index in kept:
+            recorder.allocations[index].kept = recorder.tensors[index]
+        self.fills = tuple(f for f in recorder.fills if f[0] not in kept)
         self.outputs = outputs
         self.device = device  # the current CUDA device the kernels were loaded on
+        scratch = _scratch(recorder, {*outputs, *kept}) if device is not None else {}
+        self.allocations = tuple(
+            None if index in scratch else a for index, a in enumerate(recorder.allocations)
+        )
+        self.steps = tuple(
+            replace(
+                step,
+                slots=tuple(
+                    (at, ("scratch", scratch[s[1]]) if s[0] == "alloc" and s[1] in scratch else s)
+                    for at, s in step.slots
+                ),
+            )
+            for step in recorder.steps
+        )
+        self.scratch_bytes = _end(recorder, scratch)
 
     def __call__(self, tensors: dict[str, Any]) -> Result | None:
         """The call's (out, lse), or None where it cannot replay here (another current
@@ -202,17 +228,29 @@ class TritonPlan:
             if torch._C._cuda_getDevice() != self.device or _launch_hooks():
                 return None
             stream = torch._C._cuda_getCurrentRawStream(self.device)
-        allocs: list[torch.Tensor] = []
+        allocs: list[Any] = []
         for a in self.allocations:
-            if a.like is None:
+            if a is None:
+                allocs.append(None)  # scratch, at an offset of `base`
+            elif a.kept is not None:
+                allocs.append(a.kept)
+            elif a.like is None:
                 allocs.append(a.factory(*a.args, **a.kwargs))
             else:
                 allocs.append(a.factory(_resolve(a.like, tensors, allocs), *a.args, **a.kwargs))
         for index, fill, args in self.fills:
             fill(allocs[index], *args)
+        base = 0
+        if self.scratch_bytes:
+            # keeps the block allocated until the launches are queued (stream order after)
+            block = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=self.device)
+            base = block.data_ptr()
         for step in self.steps:
             values = list(step.values)
             for at, source in step.slots:
+                if source[0] == "scratch":
+                    values[at] = base + source[1]
+                    continue
                 value = _resolve(source, tensors, allocs)
                 values[at] = value.data_ptr() if compiled and source[0] != "desc" else value
             if compiled:
@@ -227,6 +265,44 @@ class TritonPlan:
                 keywords = dict(zip(step.names, values[positional:], strict=True))
                 step.kernel.run(*values[:positional], grid=step.grid, warmup=False, **keywords)
         return allocs[self.outputs[0]], allocs[self.outputs[1]]
+
+
+# a scratch tensor's offset in the call's one scratch allocation is a multiple of this: the
+# caching allocator's own alignment, so Triton's divisibility specialization still holds
+_SCRATCH_ALIGN = 512
+
+
+def _scratch(recorder: _Recorder, excluded: set[int]) -> dict[int, int]:
+    """Allocation index -> byte offset, for the allocations that only kernels read through a
+    plain pointer argument (not outputs, kept buffers, filled, shaped-like or a descriptor's
+    base)."""
+    other = {i for i, _, _ in recorder.fills}
+    other |= {a.like[1] for a in recorder.allocations if a.like and a.like[0] == "alloc"}
+    for step in recorder.steps:
+        other |= {s[1][1] for _, s in step.slots if s[0] == "desc" and s[1][0] == "alloc"}
+    offsets, at = {}, 0
+    for index, tensor in enumerate(recorder.tensors):
+        if index in excluded or index in other or tensor.device.type != "cuda":
+            continue
+        offsets[index] = at
+        at += -(-tensor.numel() * tensor.element_size() // _SCRATCH_ALIGN) * _SCRATCH_ALIGN
+    return offsets
+
+
+def _end(recorder: _Recorder, scratch: dict[int, int]) -> int:
+    """Bytes of the one scratch allocation."""
+    sizes = {i: recorder.tensors[i].numel() * recorder.tensors[i].element_size() for i in scratch}
+    return max((at + sizes[i] for i, at in scratch.items()), default=0)
+
+
+def _kept(recorder: _Recorder, outputs: tuple[int, int]) -> set[int]:
+    """The allocations the module still holds after the recorded call (besides its outputs):
+    a reference beyond the recorder's list and ``getrefcount``'s own argument."""
+    return {
+        index
+        for index in range(len(recorder.tensors))
+        if index not in outputs and sys.getrefcount(recorder.tensors[index]) > 2
+    }
 
 
 def _resolve(source: Source, tensors: dict[str, Any], allocs: list[torch.Tensor]) -> Any:

@@ -8,6 +8,7 @@ benchmarks/gpu_suite.sh) the same tests replay compiled kernels through Triton's
 from __future__ import annotations
 
 import types
+import weakref
 from typing import Any
 
 import numpy as np
@@ -199,3 +200,45 @@ def test_recording_leaves_the_kernels_as_they_were() -> None:
     _record(launch, torch.arange(4.0))
     doubler = _module_of(launch).doubler
     assert "run" not in vars(doubler)  # the class's run again, not the recorder's
+
+
+class _Probe(KernelInterface):  # type: ignore[type-arg]
+    """A stand-in kernel that notes (weakly, as a kernel keeps nothing) what it was given."""
+
+    arg_names = ("x", "out", "buffer", "scratch")
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, ...]] = []
+
+    def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        x, out, buffer, scratch = args
+        self.seen.append(tuple(weakref.ref(a) for a in args))
+        buffer += 1  # state the module relies on across calls
+        scratch.copy_(x)
+        out.copy_(scratch + buffer)
+
+
+def test_a_buffer_the_module_keeps_is_reused_and_scratch_is_fresh() -> None:
+    cache: dict[str, torch.Tensor] = {}
+    module = types.ModuleType("fake_generated")
+    module.probe = _Probe()  # type: ignore[attr-defined]
+
+    def launch(x: torch.Tensor) -> Any:
+        if "buffer" not in cache:  # made by the first call, as an lru_cache'd helper does
+            cache["buffer"] = torch.zeros(4)
+        scratch, out = torch.empty(4), torch.empty(4)
+        module.probe[(1,)](x, out, cache["buffer"], scratch)
+        return out, torch.empty(0)
+
+    x = torch.zeros(4)
+    _, plan, refusal = triton_plan.record(module, lambda: launch(x), {"x": x}, False)
+    assert refusal is None and plan is not None
+    replayed = plan({"x": torch.full((4,), 10.0)})
+    assert replayed is not None
+    first, second = module.probe.seen
+    assert second[2]() is cache["buffer"]  # the module's own buffer, not a fresh zeros
+    # the buffer is passed as it is; scratch, out and lse are allocated per call (nothing
+    # holds the first call's scratch)
+    assert [a.kept is not None for a in plan.allocations] == [True, False, False, False]
+    assert first[3]() is None
+    assert torch.equal(replayed[0], torch.full((4,), 12.0))
