@@ -55,18 +55,22 @@ def parse_cases(text: str) -> list[tuple[str, str, str, str]]:
     return cases
 
 
-def eager_us(fns: list[Callable[[], Any]], calls: int = 300) -> float:
-    """Wall microseconds a call of back-to-back eager calls through the rotation ``fns``."""
+def eager_us(fns: list[Callable[[], Any]], calls: int = 300, repeats: int = 3) -> float:
+    """Wall microseconds a call of back-to-back eager calls through the rotation ``fns``, the
+    best of ``repeats`` (a shared host's other work only ever adds time)."""
     for fn in fns[: min(len(fns), 20)]:
         fn()
     torch.cuda.synchronize()
     rounds = max(1, calls // len(fns))
-    began = time.perf_counter()
-    for _ in range(rounds):
-        for fn in fns:
-            fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - began) / (rounds * len(fns)) * 1e6
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        for _ in range(rounds):
+            for fn in fns:
+                fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - began) / (rounds * len(fns)) * 1e6)
+    return best
 
 
 def graph_us(fns: list[Callable[[], Any]]) -> float:
@@ -80,18 +84,22 @@ def graph_us(fns: list[Callable[[], Any]]) -> float:
     return float(triton.testing.do_bench_cudagraph(rotation, rep=50)) * 1e3 / len(fns)
 
 
-def issue_us(fn: Callable[[], Any], calls: int = 200) -> float:
-    """CPU microseconds to issue one call: ``calls`` repeated calls, unsynchronised."""
+def issue_us(fn: Callable[[], Any], calls: int = 200, repeats: int = 5) -> float:
+    """CPU microseconds to issue one call: ``calls`` repeated calls, unsynchronised, the best
+    of ``repeats`` batches."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    began, cpu_began = time.perf_counter(), time.process_time()
-    for _ in range(calls):
-        fn()
-    # the smaller: process time counts other threads too, wall time any wait for the GPU
-    spent = min(time.perf_counter() - began, time.process_time() - cpu_began)
-    torch.cuda.synchronize()
-    return spent / calls * 1e6
+    best = float("inf")
+    for _ in range(repeats):
+        began, cpu_began = time.perf_counter(), time.process_time()
+        for _ in range(calls):
+            fn()
+        # the smaller: process time counts other threads too, wall time any wait for the GPU
+        spent = min(time.perf_counter() - began, time.process_time() - cpu_began)
+        torch.cuda.synchronize()
+        best = min(best, spent / calls * 1e6)
+    return best
 
 
 def measure(spec: str, shape_text: str, dtype_name: str, target: str) -> dict[str, Any]:

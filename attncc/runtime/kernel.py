@@ -179,6 +179,8 @@ class Kernel:
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
         key = Plans.key(tensors, params, return_lse, False, stream=False)
         geometry: _Geometry | None = self._geometries.get(key)
+        if geometry is not None and geometry.precision != self._fp32_precision(geometry.dtype):
+            geometry = None  # TF32 allowed or refused since: the kernels' DOT_PRECISION changed
         if geometry is not None and geometry.plan is not None:
             if on_cpu:
                 with interpreter(True):
@@ -195,6 +197,7 @@ class Kernel:
             config = self._config(module, tensors, params, return_lse, checked)
             full_params = module._param_defaults(sizes, params)
             geometry = _Geometry(sizes, dtype, device, full_params, config)
+            geometry.precision = self._fp32_precision(dtype)
             if key is not None:
                 # the first call of a geometry is recorded; later ones replay it
                 with interpreter(on_cpu):
@@ -209,6 +212,11 @@ class Kernel:
         with interpreter(on_cpu):
             return geometry.launch(module, tensors, return_lse)
 
+    def _fp32_precision(self, dtype: torch.dtype) -> str | None:
+        """How an fp32 call's kernels multiply (PyTorch's TF32 setting decides it, and no
+        call geometry holds it); None for other dtypes."""
+        return self._host._dot_precision(dtype) if dtype == torch.float32 else None
+
     def launch_path(self, *args: Any, return_lse: bool = False, **kwargs: Any) -> str:
         """How a repeated call with these inputs launches (Triton target, after a first
         call of the same geometry): "replay" (a recorded launch plan, no checks or Triton
@@ -218,7 +226,7 @@ class Kernel:
         geometry: _Geometry | None = self._geometries.get(key)
         if self.target != "triton":
             return "full: the CUDA target keeps its own launch plans"
-        if geometry is None:
+        if geometry is None or geometry.precision != self._fp32_precision(geometry.dtype):
             return "full: no call of this geometry yet"
         return "replay" if geometry.plan is not None else f"full: {geometry.refusal}"
 
@@ -304,6 +312,7 @@ class _Geometry:
     config: dict[str, int]
     plan: triton_plan.TritonPlan | None = None
     refusal: str | None = None
+    precision: str | None = None  # _fp32_precision when recorded
 
     def launch(
         self, module: ModuleType, tensors: dict[str, Any], return_lse: bool

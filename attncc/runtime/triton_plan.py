@@ -219,6 +219,7 @@ class TritonPlan:
             for step in recorder.steps
         )
         self.scratch_bytes = _end(recorder, scratch)
+        self.launchers = tuple(_launcher(step.compiled) for step in self.steps) if device else ()
 
     def __call__(self, tensors: dict[str, Any]) -> Result | None:
         """The call's (out, lse), or None where it cannot replay here (another current
@@ -245,7 +246,7 @@ class TritonPlan:
             # keeps the block allocated until the launches are queued (stream order after)
             block = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=self.device)
             base = block.data_ptr()
-        for step in self.steps:
+        for index, step in enumerate(self.steps):
             values = list(step.values)
             for at, source in step.slots:
                 if source[0] == "scratch":
@@ -254,17 +255,31 @@ class TritonPlan:
                 value = _resolve(source, tensors, allocs)
                 values[at] = value.data_ptr() if compiled and source[0] != "desc" else value
             if compiled:
-                kernel = step.compiled
+                launch, middle = self.launchers[index]
                 x, y, z = step.grid
-                kernel.run(
-                    x, y, z, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                    *values,
-                )  # fmt: skip
+                launch(x, y, z, stream, *middle, *values)
             else:
                 positional = len(values) - len(step.names)
                 keywords = dict(zip(step.names, values[positional:], strict=True))
                 step.kernel.run(*values[:positional], grid=step.grid, warmup=False, **keywords)
         return allocs[self.outputs[0]], allocs[self.outputs[1]]
+
+
+def _launcher(compiled: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """How a compiled kernel is launched: the function taking (grid x, y, z, stream, *middle,
+    *arguments), and ``middle``. Where the kernel needs no global or profiling scratch,
+    that is Triton's compiled launch function itself, as its launcher object would call it
+    (one Python frame less a launch); otherwise the launcher object, as Triton calls it."""
+    runner = compiled.run
+    metadata = (compiled.packed_metadata, None, None, None)  # no launch metadata or hooks
+    direct = getattr(runner, "launch", None)
+    plain = all(
+        getattr(runner, name, 1) == 0 for name in ("global_scratch_size", "profile_scratch_size")
+    )
+    if direct is not None and plain and hasattr(runner, "launch_cooperative_grid"):
+        flags = (runner.launch_cooperative_grid, runner.launch_pdl, None, None)
+        return direct, (compiled.function, *flags, *metadata)
+    return runner, (compiled.function, *metadata)
 
 
 # a scratch tensor's offset in the call's one scratch allocation is a multiple of this: the

@@ -242,3 +242,25 @@ def test_a_buffer_the_module_keeps_is_reused_and_scratch_is_fresh() -> None:
     assert [a.kept is not None for a in plan.allocations] == [True, False, False, False]
     assert first[3]() is None
     assert torch.equal(replayed[0], torch.full((4,), 12.0))
+
+
+def test_fp32_calls_follow_pytorchs_tf32_setting_even_when_replayed() -> None:
+    kernel = compiled("causal", "fused")
+    module = kernel.module(False)  # the compiled module decides; the interpreter is exact
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    q = torch.randn(1, 2, 24, 16, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    try:
+        matmul.fp32_precision = "ieee"
+        assert module._dot_precision(torch.float32) == "tf32x3"
+        assert module._dot_precision(torch.float16) == "tf32"  # 16-bit operands ignore it
+        kernel(q, q, q)
+        assert kernel.launch_path(q, q, q) == "replay"
+        matmul.fp32_precision = "tf32"
+        assert module._dot_precision(torch.float32) == "tf32"
+        # the recorded launches multiply in tf32x3: a new first call records tf32 ones
+        assert kernel.launch_path(q, q, q) == "full: no call of this geometry yet"
+        kernel(q, q, q)
+        assert kernel.launch_path(q, q, q) == "replay"
+    finally:
+        matmul.fp32_precision = before
