@@ -219,7 +219,8 @@ class TritonPlan:
             for step in recorder.steps
         )
         self.scratch_bytes = _end(recorder, scratch)
-        self.launchers = tuple(_launcher(step.compiled) for step in self.steps) if device else ()
+        compiled = device is not None
+        self.launchers = tuple(_launcher(s.compiled) for s in self.steps) if compiled else ()
 
     def __call__(self, tensors: dict[str, Any]) -> Result | None:
         """The call's (out, lse), or None where it cannot replay here (another current
