@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import attncc
-from attncc.reference_grad import eager_grads, reference_grads
+from attncc.reference_grad import eager_grads, gradient_terms, reference_grads
 from attncc.tolerance import Verdict, compare_grad
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -81,6 +81,7 @@ def gradient_verdicts(
     verdicts = {}
     _, exact = reference_grads(spec, given, grad_out, params)
     eager = eager_grads(spec, given, grad_out, params, dtype=dtype)
+    terms = gradient_terms(spec, given, params)
     assert set(exact) == {n for n, t in given.items() if t.is_floating_point()}
     for tensor, reference in exact.items():
         grad = leaves[tensor].grad
@@ -90,5 +91,6 @@ def gradient_verdicts(
             reference.cpu().numpy(),
             [e.cpu().numpy() for e in eager[tensor]],
             DTYPE_NAMES[grad.dtype],
+            terms.get(tensor, 1),
         )
     return verdicts

@@ -8,7 +8,7 @@ import torch
 import torch.utils.checkpoint
 
 import attncc
-from attncc.reference_grad import eager_grads, reference_grads
+from attncc.reference_grad import eager_grads, gradient_terms, reference_grads
 from attncc.tolerance import compare_grad
 
 from ._support import DEVICE, compiled, example_path
@@ -60,6 +60,7 @@ def check(
     spec = example_path(name)
     _, exact = reference_grads(spec, given, grad_out, params)
     eager = eager_grads(spec, given, grad_out, params, dtype=dtype)
+    terms = gradient_terms(spec, given, params)
     assert set(grads) == set(exact)
     for tensor, grad in grads.items():
         assert grad is not None and grad.dtype == given[tensor].dtype
@@ -68,6 +69,7 @@ def check(
             exact[tensor].cpu().numpy(),
             [e.cpu().numpy() for e in eager[tensor]],
             DTYPE_NAMES[dtype],
+            terms.get(tensor, 1),
         )
         assert verdict.ok, (tensor, verdict)
 
@@ -270,4 +272,18 @@ def test_reduced_gradient_is_bounded_by_both_naive_softmax_backwards() -> None:
     results = check_backward(compiled("alibi", "fused"), trials=7, max_len=48)
     trial = results[6]
     assert trial.case.describe() == "B=2 H=3 M=16 N=19 D=128" and trial.case.dtype == torch.float32
+    assert trial.ok, attncc.checking.grad_table([trial])
+
+
+def test_reduced_gradient_floor_grows_with_its_terms() -> None:
+    """`attncc check examples/alibi.attn --backward --max-len 48`, fp32 trial B=1 H=1 M=9 N=1
+    D=96: one key per row, so the exact dslopes is 0 and autograd's eager one exactly 0
+    (P = 1); the kernel's P = exp2(s - lse) is 1 within rounding and its dslopes, a sum of 9
+    rows' terms, was off by 3.5e-5 against a one-term floor's 3.4e-5. The floor now grows as
+    sqrt(9)."""
+    from attncc.checking import check_backward
+
+    (trial,) = check_backward(compiled("alibi", "fused"), trials=1, max_len=48)
+    assert trial.case.describe() == "B=1 H=1 M=9 N=1 D=96" and trial.case.dtype == torch.float32
+    assert trial.grads["slopes"].error > 1e-5  # above the one-term floor: the case is live
     assert trial.ok, attncc.checking.grad_table([trial])
