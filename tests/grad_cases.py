@@ -39,8 +39,7 @@ def draw(
     """Inputs and params for example ``name``: q, k, v ~ N(0, 1) in ``dtype`` (gqa_causal
     with a quarter as many kv heads), ALiBi's slopes in float32 in [0.1, 1.1) (a learnt
     parameter's gradient is checked too), a bias and a relative table of 33 buckets ~ N(0, 1)
-    in ``dtype``, sorted document
-    ids in 0..3, a window of a quarter of the sequence."""
+    in ``dtype``, sorted document ids in 0..3, a window of a quarter of the sequence."""
     gen = torch.Generator().manual_seed(sum(map(ord, name)) + seq + head_dim)
 
     def randn(*shape: int) -> torch.Tensor:
