@@ -26,7 +26,7 @@ from attncc.ir.nodes import AttentionKernel
 from attncc.ir.printer import expr_str as ir_str
 from attncc.ir.verify import subexprs
 from attncc.reference import Rounding, reference
-from attncc.reference_grad import eager_grads, float_inputs, reference_grads
+from attncc.reference_grad import eager_grads, float_inputs, gradient_terms, reference_grads
 from attncc.runtime.kernel import Kernel
 from attncc.text import format_table
 from attncc.tolerance import Verdict, compare, compare_grad
@@ -588,12 +588,13 @@ def _grad_verdict(
     exact: torch.Tensor,
     eager: Sequence[torch.Tensor],
     dtype: torch.dtype,
+    terms: int,
 ) -> Verdict:
     if grad is None:
         nan = float("nan")
         return Verdict(nan, nan, nan, nan, False, "no gradient")
     name = DTYPE_NAMES.get(dtype, "float32")  # an f64 input: float32's floor, the smallest
-    return compare_grad(_numpy(grad), _numpy(exact), [_numpy(e) for e in eager], name)
+    return compare_grad(_numpy(grad), _numpy(exact), [_numpy(e) for e in eager], name, terms)
 
 
 def run_grad_case(
@@ -613,6 +614,7 @@ def run_grad_case(
         host = {k: v.cpu() for k, v in inputs.items()}
         _, exact = reference_grads(kernel.spec, host, grad_out, case.params)
         eager = eager_grads(kernel.spec, host, grad_out, case.params, dtype=case.dtype)
+        terms = gradient_terms(kernel.spec, host, case.params)
         stage = ""
         # detach keeps each input's strides: the backward sees the drawn layout
         leaves = {k: v.detach().requires_grad_(k in floats) for k, v in inputs.items()}
@@ -624,7 +626,9 @@ def run_grad_case(
             raise
         return GradResult(case, {}, stage + _error_text(err))
     verdicts = {
-        name: _grad_verdict(leaves[name].grad, exact[name], eager[name], leaves[name].dtype)
+        name: _grad_verdict(
+            leaves[name].grad, exact[name], eager[name], leaves[name].dtype, terms.get(name, 1)
+        )
         for name in float_inputs(kernel.ir)
     }
     return GradResult(case, verdicts)

@@ -28,12 +28,20 @@ import torch
 
 from attncc.ir import lower
 from attncc.ir import nodes as ir
+from attncc.ir.verify import subexprs
 from attncc.reference import _bind_sizes
 from attncc.spec import CheckedSpec, load
 from attncc.spec.check import dtype_type
 from attncc.torch_eval import evaluate
 
-__all__ = ["SOFTMAX_BACKWARDS", "attention", "eager_grads", "float_inputs", "reference_grads"]
+__all__ = [
+    "SOFTMAX_BACKWARDS",
+    "attention",
+    "eager_grads",
+    "float_inputs",
+    "gradient_terms",
+    "reference_grads",
+]
 
 SoftmaxBackward = Literal["autograd", "flash"]
 SOFTMAX_BACKWARDS: tuple[SoftmaxBackward, ...] = ("autograd", "flash")
@@ -250,3 +258,69 @@ def eager_grads(
         reference_grads(spec, inputs, grad_out, params, dtype, how)[1] for how in SOFTMAX_BACKWARDS
     ]
     return {name: tuple(grads[name] for grads in evaluations) for name in evaluations[0]}
+
+
+def gradient_terms(
+    spec: str | Path | CheckedSpec,
+    inputs: Mapping[str, torch.Tensor],
+    params: Mapping[str, Any] | None = None,
+) -> dict[str, int]:
+    """For every float input a score modification or the softmax sink reads (a side input):
+    the most terms any one element of its gradient sums, each one score's (or, for a sink,
+    one row's) partial derivative. ALiBi's ``slopes[h]`` sums B * (visible scores of a head);
+    a bias ``[B, H, M, N]`` element is one score's; a relative table ``rel[h, m - n + N - 1]``
+    sums a diagonal. Masked scores are exact zeros everywhere and do not count. Inputs read
+    only as q, k or v are absent (their gradients are contractions the tolerance's per-element
+    floor already covers). ``attncc.tolerance.compare_grad`` scales its floor by the square root
+    of this count: independent roundings of the terms add in quadrature."""
+    checked = load(spec)
+    kernel = lower(checked)
+    floats = set(float_inputs(kernel))
+    tensors = {
+        name: t.detach().cpu().long()
+        if name not in floats and t.dtype != torch.bool
+        else t.detach().cpu()
+        for name, t in inputs.items()
+    }
+    sizes = _sizes(checked, tensors)
+    bound = _params(kernel, sizes, params or {})
+    batch = [a.index for a in kernel.batch_axes]
+    rows = kernel.query_axis.index if kernel.query_axis else "_row"
+    frame = [*batch, rows, kernel.key_axis.index]
+    shape = [1 if i == "_row" else sizes[_dim(kernel, i)] for i in frame]
+    grid = {}
+    for axis, index in enumerate(frame):
+        view = [1] * len(frame)
+        view[axis] = shape[axis]
+        grid[index] = torch.arange(shape[axis]).reshape(view)
+    visible = torch.ones(shape, dtype=torch.bool)
+    for mask in kernel.masks:
+        visible &= torch.as_tensor(evaluate(mask, grid, sizes, bound, tensors, None))
+    row_grid = {i: grid[i][..., :1] for i in frame}  # a sink is one term per row
+
+    counts: dict[str, torch.Tensor] = {}
+
+    def count(load: ir.Load, where: Mapping[str, Any], live: torch.Tensor) -> None:
+        subscripts = [
+            torch.as_tensor(evaluate(sub, where, sizes, bound, tensors, None))
+            for sub in load.indices
+        ]
+        subscripts = list(torch.broadcast_tensors(*subscripts, live))[:-1]  # type: ignore[no-untyped-call]
+        total = counts.setdefault(load.tensor, torch.zeros(inputs[load.tensor].shape))
+        if not subscripts:  # a 0-d input: every live score is a term
+            total += live.sum()
+            return
+        index = tuple(s[live] for s in subscripts)
+        total.index_put_(index, torch.ones(index[0].shape), accumulate=True)
+
+    def float_loads(expr: ir.Expr) -> set[ir.Load]:
+        # one term per load and expression: the derivative sums a load's occurrences
+        return {e for e in subexprs(expr) if isinstance(e, ir.Load) and e.tensor in floats}
+
+    for mod in kernel.score_mods:
+        for e in float_loads(mod):
+            count(e, grid, visible)
+    if kernel.sink is not None:
+        for e in float_loads(kernel.sink):
+            count(e, row_grid, torch.ones([*shape[:-1], 1], dtype=torch.bool))
+    return {name: int(total.max().item()) if total.numel() else 0 for name, total in counts.items()}

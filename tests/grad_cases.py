@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import attncc
-from attncc.reference_grad import eager_grads, reference_grads
+from attncc.reference_grad import eager_grads, gradient_terms, reference_grads
 from attncc.tolerance import Verdict, compare_grad
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -27,6 +27,7 @@ NAMES = (
     "alibi",
     "softcap",
     "bias",
+    "relative_bias",
     "document_mask",
 )
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -37,8 +38,8 @@ def draw(
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Inputs and params for example ``name``: q, k, v ~ N(0, 1) in ``dtype`` (gqa_causal
     with a quarter as many kv heads), ALiBi's slopes in float32 in [0.1, 1.1) (a learnt
-    parameter's gradient is checked too), a bias ~ N(0, 1) in ``dtype``, sorted document
-    ids in 0..3, a window of a quarter of the sequence."""
+    parameter's gradient is checked too), a bias and a relative table of 33 buckets ~ N(0, 1)
+    in ``dtype``, sorted document ids in 0..3, a window of a quarter of the sequence."""
     gen = torch.Generator().manual_seed(sum(map(ord, name)) + seq + head_dim)
 
     def randn(*shape: int) -> torch.Tensor:
@@ -55,6 +56,8 @@ def draw(
         given["slopes"] = (torch.rand(heads, generator=gen) + 0.1).to(device)
     if name == "bias":
         given["bias"] = randn(batch, heads, seq, seq)
+    if name == "relative_bias":
+        given["rel"] = randn(heads, 33)  # distances past 16 either way share the end buckets
     if name == "document_mask":
         doc = torch.randint(0, 4, (batch, seq), generator=gen).sort(dim=-1).values
         given["doc"] = doc.to(device, torch.int32)
@@ -81,6 +84,7 @@ def gradient_verdicts(
     verdicts = {}
     _, exact = reference_grads(spec, given, grad_out, params)
     eager = eager_grads(spec, given, grad_out, params, dtype=dtype)
+    terms = gradient_terms(spec, given, params)
     assert set(exact) == {n for n, t in given.items() if t.is_floating_point()}
     for tensor, reference in exact.items():
         grad = leaves[tensor].grad
@@ -90,5 +94,6 @@ def gradient_verdicts(
             reference.cpu().numpy(),
             [e.cpu().numpy() for e in eager[tensor]],
             DTYPE_NAMES[grad.dtype],
+            terms.get(tensor, 1),
         )
     return verdicts

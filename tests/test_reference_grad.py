@@ -6,13 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from attncc import reference_grad
 from attncc.ir import lower
 from attncc.reference import reference
+from attncc.reference_grad import gradient_terms
 from attncc.spec import load
+from attncc.tolerance import compare_grad, floor
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 F64 = torch.float64
@@ -130,3 +133,29 @@ def test_flash_softmax_backward_is_autograds_in_float64() -> None:
     want = torch.autograd.grad(torch.softmax(leaf, -1)[..., :6] @ v, (leaf, v), grad_out)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-13)
+
+
+def test_gradient_terms_count_the_visible_scores_each_side_element_sums() -> None:
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen)
+
+    qkv = {"q": randn(2, 3, 5, 8), "k": randn(2, 3, 5, 8), "v": randn(2, 3, 5, 8)}
+    # causal: a head's slope sums B * (1 + 2 + ... + 5) scores
+    alibi = gradient_terms(EXAMPLES / "alibi.attn", {**qkv, "slopes": randn(3)})
+    assert alibi == {"slopes": 2 * 15}
+    bias = gradient_terms(EXAMPLES / "bias.attn", {**qkv, "bias": randn(2, 3, 5, 5)})
+    assert bias == {"bias": 1}
+    # a sink: one term per row of a head, every row (GQA's query heads each have their own)
+    sinks = {"q": randn(2, 4, 5, 8), "k": randn(2, 2, 6, 8), "v": randn(2, 2, 6, 8)}
+    assert gradient_terms(EXAMPLES / "sinks.attn", {**sinks, "sinks": randn(4)}) == {"sinks": 10}
+
+
+def test_gradient_floor_scales_with_the_square_root_of_the_terms() -> None:
+    exact = np.zeros(3)
+    actual = np.full(3, 2.5 * floor("float32"))
+    assert not compare_grad(actual, exact, exact, "float32").ok
+    assert not compare_grad(actual, exact, exact, "float32", terms=4).ok
+    verdict = compare_grad(actual, exact, exact, "float32", terms=9)
+    assert verdict.ok and verdict.bound == pytest.approx(3 * floor("float32"))

@@ -4,9 +4,11 @@ FlashAttention-2's schedule, deterministic by construction (no float atomics):
 - ``dq`` kernel, one program per (query tile, batch program): computes
   ``delta = rowsum(dO * O)`` for its rows, then walks the key tiles its rows see (the
   forward's key bounds), recomputing P from the saved log-sum-exp, and accumulates dQ and
-  the side inputs' partial derivatives;
+  the side inputs' partial derivatives (per score, or summed over the keys);
 - ``dkdv`` kernel, one program per (key tile, batch program): walks the query tiles, skipping
-  those whose visible key range misses its tile, and accumulates dK and dV in registers.
+  those whose visible key range misses its tile, and accumulates dK, dV and the partial
+  derivatives of side inputs read by the key index alone (summed over the rows) in
+  registers.
 With a tile index (separable masks such as document ids), both kernels also skip the
 (query tile, key tile) pairs it leaves out: the forward's builder runs per call with the
 backward's tiles, and the host spreads its lists into a dense live map.
@@ -30,7 +32,7 @@ from attncc.codegen.triton import LOG2E, _Context, environment
 from attncc.ir import nodes as ir
 from attncc.ir.derivative import NoDerivative, derivative, score_chain
 from attncc.ir.printer import expr_str
-from attncc.ir.verify import subexprs
+from attncc.ir.verify import indices_of, subexprs
 from attncc.spec import ast
 
 
@@ -38,16 +40,23 @@ class BackwardUnsupported(ValueError):
     """A spec whose backward cannot be generated; the message says why."""
 
 
+Carries = Literal["rows_keys", "rows", "keys", "none"]
+
+
 @dataclass(frozen=True)
 class SideGrad:
     """The partial derivative of the scores through one float load of a side input.
 
-    ``carries``: "rows_keys" when the load's subscripts include the query and the key index
-    (a bias [B, H, M, N]: one value per score), "none" when they include neither (ALiBi
-    slopes [H]: a sum over the rows and keys of a batch program)."""
+    ``carries``: which of the query and key index the load's subscripts read (through any
+    integer expression: ``rel[h, m - n + N - 1]`` reads both). "rows_keys": one value per
+    score, kept per (row, key) (a bias [B, H, M, N]; a relative table, whose gathered
+    positions the host scatter-adds); "rows": summed over the keys per row (a per-query
+    bias [B, H, M]); "keys": summed over the rows per key, in the dkdv kernel (a key-padding
+    bias [B, N]); "none": summed over the keys per row, the host sums the rows (ALiBi slopes
+    [H])."""
 
     load: ir.Load
-    carries: Literal["rows_keys", "none"]
+    carries: Carries
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,7 @@ def _refuse(k: ir.AttentionKernel, why: str) -> BackwardUnsupported:
 def side_grads(k: ir.AttentionKernel) -> tuple[SideGrad, ...]:
     """Every float load the score modifications read, with what its subscripts carry."""
     query = k.query_axis.index if k.query_axis else None
+    key = k.key_axis.index
     batch = {a.index for a in k.batch_axes}
     found: list[SideGrad] = []
     for mod in k.score_mods:
@@ -81,23 +91,19 @@ def side_grads(k: ir.AttentionKernel) -> tuple[SideGrad, ...]:
                 continue
             if any(g.load == e for g in found):
                 continue
-            names = [s.name if isinstance(s, ir.Index) else None for s in e.indices]
-            plain = None not in names and len(set(names)) == len(names)
-            rows_keys = {query, k.key_axis.index} <= set(names)
-            neither = not ({query, k.key_axis.index} & set(names))
-            if not plain or not set(names) <= batch | {query, k.key_axis.index}:
+            read = set().union(*(indices_of(sub) for sub in e.indices))
+            if not read <= batch | {query, key}:
+                # the verifier keeps score modifications to the scores' indices
                 raise _refuse(
                     k,
-                    f"the gradient of '{expr_str(e)}' needs subscripts that are distinct plain "
-                    "indices (a gathered or computed subscript is not supported yet)",
+                    f"the gradient of '{expr_str(e)}' reads indices the scores do not carry: "
+                    + ", ".join(sorted(i for i in read - batch - {query, key} if i)),
                 )
-            if not (rows_keys or neither):
-                raise _refuse(
-                    k,
-                    f"the gradient of '{expr_str(e)}' reads the query or the key index alone "
-                    "(only per-score and per-batch-program side inputs are supported yet)",
-                )
-            found.append(SideGrad(e, "rows_keys" if rows_keys else "none"))
+            rows, keys = query in read, key in read
+            carries: Carries = (
+                "rows_keys" if rows and keys else "rows" if rows else "keys" if keys else "none"
+            )
+            found.append(SideGrad(e, carries))
     return tuple(found)
 
 
@@ -203,7 +209,15 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
         "mask_all": " & ".join(f"({m})" for m in masks) or "True",
         "bounds": ctx.bounds(),
         "chain_lines": chain_lines,
-        "sides": [{"index": j, "per_score": g.carries == "rows_keys"} for j, g in enumerate(sides)],
+        "sides": [
+            {
+                "index": j,
+                "per_score": g.carries == "rows_keys",
+                "per_row": g.carries in ("rows", "none"),
+                "per_key": g.carries == "keys",
+            }
+            for j, g in enumerate(sides)
+        ],
         "uses_tanh": "tanh" in plan.functions_used(k),
         "uses_pow": "pow" in plan.functions_used(k),  # derivatives of pow call pow too
         # the forward's tile index, built with the backward's tiles: dead pairs skipped

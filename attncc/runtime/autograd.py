@@ -89,6 +89,10 @@ class Backward:
             operand = ir.Operand(side.load.tensor, side.load.indices)
             if side.carries == "rows_keys":
                 scatter.add(grads, operand, buffer, (rows, keys))
+            elif side.carries == "rows":
+                scatter.add(grads, operand, buffer, (rows,))
+            elif side.carries == "keys":
+                scatter.add(grads, operand, buffer, (keys,))
             else:
                 scatter.add(grads, operand, buffer.sum(-1), ())
         if self.sink_grads:

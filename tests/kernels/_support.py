@@ -99,7 +99,8 @@ def arrange(t: torch.Tensor, layout: str) -> torch.Tensor:
         order = list(range(t.dim()))[::-1]
         return t.permute(order).contiguous().permute(order)
     if layout == "swapped":  # [B, M, H, D] in memory read as [B, H, M, D], as most models store it
-        return t.transpose(1, 2).contiguous().transpose(1, 2)
+        first = 1 if t.dim() > 2 else 0  # a 2-d table ([H, R]): stored transposed
+        return t.transpose(first, first + 1).contiguous().transpose(first, first + 1)
     if layout == "broadcast":  # stride 0 along the first axis when it is 1 wide
         if t.shape[0] == 1:
             return t.expand(*t.shape).as_strided(t.shape, (0, *t.stride()[1:]))

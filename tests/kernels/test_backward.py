@@ -8,7 +8,7 @@ import torch
 import torch.utils.checkpoint
 
 import attncc
-from attncc.reference_grad import eager_grads, reference_grads
+from attncc.reference_grad import eager_grads, gradient_terms, reference_grads
 from attncc.tolerance import compare_grad
 
 from ._support import DEVICE, compiled, example_path
@@ -36,6 +36,9 @@ def inputs(name: str, dtype: torch.dtype, m: int = 37, n: int = 45) -> dict[str,
         extra["slopes"] = torch.rand(h, generator=gen).to(DEVICE) + 0.1
     if name == "bias":
         extra["bias"] = torch.randn(b, h, m, n, generator=gen).to(DEVICE)
+    if name == "relative_bias":
+        # 9 buckets: distances past 4 either way share the end buckets
+        extra["rel"] = torch.randn(h, 9, generator=gen).to(DEVICE)
     if name == "document_mask":
         extra["doc"] = torch.sort(torch.randint(0, 3, (b, n), generator=gen)).values.to(DEVICE)
     return {"q": q, "k": k, "v": v, **extra}
@@ -60,6 +63,7 @@ def check(
     spec = example_path(name)
     _, exact = reference_grads(spec, given, grad_out, params)
     eager = eager_grads(spec, given, grad_out, params, dtype=dtype)
+    terms = gradient_terms(spec, given, params)
     assert set(grads) == set(exact)
     for tensor, grad in grads.items():
         assert grad is not None and grad.dtype == given[tensor].dtype
@@ -68,6 +72,7 @@ def check(
             exact[tensor].cpu().numpy(),
             [e.cpu().numpy() for e in eager[tensor]],
             DTYPE_NAMES[dtype],
+            terms.get(tensor, 1),
         )
         assert verdict.ok, (tensor, verdict)
 
@@ -81,6 +86,7 @@ def check(
         "alibi",
         "softcap",
         "bias",
+        "relative_bias",
         "document_mask",
         "prefix_lm",
     ],
@@ -91,7 +97,7 @@ def test_gradients_match_float64_reference(name: str) -> None:
     check(name, torch.float32, **params)
 
 
-@pytest.mark.parametrize("name", ["softcap", "alibi"])
+@pytest.mark.parametrize("name", ["softcap", "alibi", "relative_bias"])
 def test_bfloat16_gradients(name: str) -> None:
     check(name, torch.bfloat16)
 
@@ -271,3 +277,113 @@ def test_reduced_gradient_is_bounded_by_both_naive_softmax_backwards() -> None:
     trial = results[6]
     assert trial.case.describe() == "B=2 H=3 M=16 N=19 D=128" and trial.case.dtype == torch.float32
     assert trial.ok, attncc.checking.grad_table([trial])
+
+
+def test_reduced_gradient_floor_grows_with_its_terms() -> None:
+    """`attncc check examples/alibi.attn --backward --max-len 48`, fp32 trial B=1 H=1 M=9 N=1
+    D=96: one key per row, so the exact dslopes is 0 and autograd's eager one exactly 0
+    (P = 1); the kernel's P = exp2(s - lse) is 1 within rounding and its dslopes, a sum of 9
+    rows' terms, was off by 3.5e-5 against a one-term floor's 3.4e-5. The floor now grows as
+    sqrt(9)."""
+    from attncc.checking import check_backward
+
+    (trial,) = check_backward(compiled("alibi", "fused"), trials=1, max_len=48)
+    assert trial.case.describe() == "B=1 H=1 M=9 N=1 D=96" and trial.case.dtype == torch.float32
+    assert trial.grads["slopes"].error > 1e-5  # above the one-term floor: the case is live
+    assert trial.ok, attncc.checking.grad_table([trial])
+
+
+SIDE_SPEC = """attention side
+dims B, H, M, N, D{table_dims}
+in q[B, H, M, D]
+in k[B, H, N, D]
+in v[B, H, N, D]
+in side[{shape}]
+in pos[B, N]: i32
+s[b, h, m, n] = q[b, h, m, d] * k[b, h, n, d] / sqrt(D)
+s = s + {term}
+{mask}
+p = softmax(s, n)
+o[b, h, m, d] = p[b, h, m, n] * v[b, h, n, d]
+out o
+"""
+B, H, M, N = 2, 3, 21, 37
+# (shape of side, its dims' sizes, the modification's term, a mask): every way a float side
+# input's subscripts may read the scores' indices, each reduced over those they do not carry
+SIDE_PATTERNS = {
+    # a relative table gathered by the exact distance: a scatter-add along diagonals
+    "relative_table": ("H, R", (H, M + N - 1), "side[h, m - n + N - 1]", ""),
+    # T5's clamped distance under a causal mask (masked scores' buckets get nothing)
+    "clamped_relative": ("H, R", (H, 9), "side[h, min(max(m - n, 0), R - 1)]", "mask m >= n"),
+    # key padding as a float bias: summed over the rows, in the dkdv kernel
+    "per_key": ("B, N", (B, N), "side[b, n]", ""),
+    # a temperature per query (a bias per query would cancel in the softmax): summed over
+    # the keys
+    "per_query": ("B, H, M", (B, H, M), "s * side[b, h, m]", "mask m + N - M >= n"),
+    # one [M, N] bias for every batch and head: summed over the batch programs
+    "shared_over_heads": ("M, N", (M, N), "side[m, n]", ""),
+    # a repeated index: the diagonal of a [N, N] table, per key
+    "diagonal": ("N, N", (N, N), "side[n, n] * 0.5", ""),
+    # gathered through an integer tensor (a position id per key)
+    "gathered_by_tensor": ("B, P", (B, 11), "side[b, pos[b, n]]", ""),
+    # two loads of one table in one modification, read by q's and k's positions
+    "two_loads": ("H, N", (H, N), "side[h, min(m, N - 1)] * side[h, n]", ""),
+}
+
+
+def _side_case(pattern: str, dtype: torch.dtype) -> tuple[str, dict[str, torch.Tensor]]:
+    shape, sizes, term, mask = SIDE_PATTERNS[pattern]
+    table_dims = "".join(f", {d}" for d in ("R", "P") if d in shape)
+    text = SIDE_SPEC.format(table_dims=table_dims, shape=shape, term=term, mask=mask)
+    gen = torch.Generator().manual_seed(11)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen)
+
+    given = {
+        "q": randn(B, H, M, 16).to(DEVICE, dtype),
+        "k": randn(B, H, N, 16).to(DEVICE, dtype),
+        "v": randn(B, H, N, 16).to(DEVICE, dtype),
+        "side": randn(*sizes).to(DEVICE),  # float32 beside low-precision q, k and v
+        "pos": torch.randint(0, 11, (B, N), generator=gen).to(DEVICE, torch.int32),
+    }
+    return text, given
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pattern", sorted(SIDE_PATTERNS))
+def test_side_input_gradient_is_reduced_over_the_indices_it_does_not_carry(
+    pattern: str, dtype: torch.dtype
+) -> None:
+    """A float side input read by any subscripts of the scores' indices gets its gradient,
+    each score's partial derivative added where its subscripts point (they were refused:
+    only [B, H, M, N]-like and per-head reads had gradients)."""
+    text, given = _side_case(pattern, dtype)
+    kernel = attncc.compile(text, schedule="fused")
+    grad_out = torch.randn(B, H, M, 16, generator=torch.Generator().manual_seed(2))
+    grad_out = grad_out.to(DEVICE, dtype)
+    _, grads = run(kernel, given, grad_out)
+    _, exact = reference_grads(text, given, grad_out)
+    eager = eager_grads(text, given, grad_out, dtype=dtype)
+    terms = gradient_terms(text, given)
+    assert set(grads) == {"q", "k", "v", "side"}
+    assert float(exact["side"].abs().max()) > 0.1  # a live gradient, not a zero one
+    for tensor, grad in grads.items():
+        assert grad is not None and grad.dtype == given[tensor].dtype
+        verdict = compare_grad(
+            grad.double().cpu().numpy(),
+            exact[tensor].cpu().numpy(),
+            [e.cpu().numpy() for e in eager[tensor]],
+            DTYPE_NAMES[dtype],
+            terms.get(tensor, 1),
+        )
+        assert verdict.ok, (pattern, tensor, verdict)
+
+
+def test_relative_table_gradient_is_deterministic() -> None:
+    text, given = _side_case("relative_table", torch.float32)
+    kernel = attncc.compile(text, schedule="fused")
+    grad_out = torch.randn(B, H, M, 16).to(DEVICE)
+    _, first = run(kernel, given, grad_out)
+    _, second = run(kernel, given, grad_out)
+    assert torch.equal(first["side"], second["side"])  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ def test_gradients_at_tiny_sizes(name: str) -> None:
     assert all(v.ok for v in verdicts.values()), verdicts
     assert ("slopes" in verdicts) == (name == "alibi")
     assert ("bias" in verdicts) == (name == "bias")
+    assert ("rel" in verdicts) == (name == "relative_bias")
 
 
 def test_a_wrong_gradient_fails_at_tiny_sizes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ import torch
 
 import attncc
 from attncc.reference import reference
-from attncc.reference_grad import eager_grads, reference_grads
+from attncc.reference_grad import eager_grads, gradient_terms, reference_grads
 from attncc.tolerance import Verdict, compare_grad
 from attncc.varlen import varlen
 
@@ -115,6 +115,7 @@ def _grad_verdicts(
     kernel(**leaves, **params).backward(grad_out)
     _, exact = reference_grads(spec, given, grad_out, params)
     eager = eager_grads(spec, given, grad_out, params, dtype=given["q"].dtype)
+    terms = gradient_terms(spec, given, params)
     verdicts = {}
     for name, leaf in leaves.items():
         assert leaf.grad is not None and leaf.grad.dtype == given[name].dtype
@@ -123,6 +124,7 @@ def _grad_verdicts(
             exact[name].numpy(),
             [e.numpy() for e in eager[name]],
             DTYPE_NAMES[leaf.grad.dtype],
+            terms.get(name, 1),
         )
     return verdicts
 
