@@ -219,8 +219,7 @@ class TritonPlan:
             for step in recorder.steps
         )
         self.scratch_bytes = _end(recorder, scratch)
-        compiled = device is not None
-        self.launchers = tuple(_launcher(s.compiled) for s in self.steps) if compiled else ()
+        self.launches = tuple(_launch_args(s) for s in self.steps) if device is not None else ()
 
     def __call__(self, tensors: dict[str, Any]) -> Result | None:
         """The call's (out, lse), or None where it cannot replay here (another current
@@ -240,30 +239,61 @@ class TritonPlan:
                 allocs.append(a.factory(*a.args, **a.kwargs))
             else:
                 allocs.append(a.factory(_resolve(a.like, tensors, allocs), *a.args, **a.kwargs))
-        for index, fill, args in self.fills:
-            fill(allocs[index], *args)
+        for filled, fill, fill_args in self.fills:
+            fill(allocs[filled], *fill_args)
         base = 0
         if self.scratch_bytes:
             # keeps the block allocated until the launches are queued (stream order after)
             block = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=self.device)
             base = block.data_ptr()
-        for index, step in enumerate(self.steps):
+        if compiled:
+            for launch, template, inputs, allocated, offsets, descriptors in self.launches:
+                args = template.copy()
+                args[3] = stream
+                for at, name in inputs:
+                    args[at] = tensors[name].data_ptr()
+                for at, allocation in allocated:
+                    args[at] = allocs[allocation].data_ptr()
+                for at, offset in offsets:
+                    args[at] = base + offset
+                for at, source in descriptors:
+                    args[at] = _resolve(source, tensors, allocs)
+                launch(*args)
+            return allocs[self.outputs[0]], allocs[self.outputs[1]]
+        for step in self.steps:
             values = list(step.values)
             for at, source in step.slots:
-                if source[0] == "scratch":
-                    values[at] = base + source[1]
-                    continue
-                value = _resolve(source, tensors, allocs)
-                values[at] = value.data_ptr() if compiled and source[0] != "desc" else value
-            if compiled:
-                launch, middle = self.launchers[index]
-                x, y, z = step.grid
-                launch(x, y, z, stream, *middle, *values)
-            else:
-                positional = len(values) - len(step.names)
-                keywords = dict(zip(step.names, values[positional:], strict=True))
-                step.kernel.run(*values[:positional], grid=step.grid, warmup=False, **keywords)
+                values[at] = _resolve(source, tensors, allocs)
+            positional = len(values) - len(step.names)
+            keywords = dict(zip(step.names, values[positional:], strict=True))
+            step.kernel.run(*values[:positional], grid=step.grid, warmup=False, **keywords)
         return allocs[self.outputs[0]], allocs[self.outputs[1]]
+
+
+# a compiled step's launch: the function, its arguments with the stream (at 3) and the
+# call's pointers left to fill, and where each pointer goes: (position, input name),
+# (position, allocation index), (position, scratch offset), (position, descriptor source)
+_Launch = tuple[
+    Callable[..., Any],
+    list[Any],
+    tuple[tuple[int, str], ...],
+    tuple[tuple[int, int], ...],
+    tuple[tuple[int, int], ...],
+    tuple[tuple[int, Source], ...],
+]
+
+
+def _launch_args(step: _Step) -> _Launch:
+    launch, middle = _launcher(step.compiled)
+    head = [*step.grid, None, *middle]
+    shift = len(head)
+
+    def where(kind: str) -> tuple[tuple[int, Any], ...]:
+        return tuple((shift + at, s[1]) for at, s in step.slots if s[0] == kind)
+
+    descriptors = tuple((shift + at, s) for at, s in step.slots if s[0] == "desc")
+    template = [*head, *step.values]
+    return launch, template, where("input"), where("alloc"), where("scratch"), descriptors
 
 
 def _launcher(compiled: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:

@@ -273,7 +273,7 @@ def test_reduced_gradient_is_bounded_by_both_naive_softmax_backwards() -> None:
     rows sum to zero within rounding), which made the bound 1.5e-5 and failed the kernel."""
     from attncc.checking import check_backward
 
-    results = check_backward(compiled("alibi", "fused"), trials=7, max_len=48)
+    results = check_backward(compiled("alibi", "fused"), trials=7, max_len=48, device=DEVICE)
     trial = results[6]
     assert trial.case.describe() == "B=2 H=3 M=16 N=19 D=128" and trial.case.dtype == torch.float32
     assert trial.ok, attncc.checking.grad_table([trial])
