@@ -147,7 +147,7 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
     """The backward module's source for ``kernel`` (fused, with a query axis)."""
     check_supported(kernel)
     k = kernel
-    ctx = _Context(k, spec)
+    ctx = _Context(k, spec, tanh_approx=False)  # the exact tanh: plan.TANH_APPROX_DTYPES
     assert k.query_axis is not None
     sides = side_grads(k)
     scalars = ctx.env(vector=False)
@@ -219,6 +219,7 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
             for j, g in enumerate(sides)
         ],
         "uses_tanh": "tanh" in plan.functions_used(k),
+        "tanh_approx": None,
         "uses_pow": "pow" in plan.functions_used(k),  # derivatives of pow call pow too
         # the forward's tile index, built with the backward's tiles: dead pairs skipped
         "tile_index": ctx.tile_index(),

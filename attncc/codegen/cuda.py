@@ -93,6 +93,10 @@ def inline_headers(source: str, headers: tuple[tuple[str, str], ...]) -> str:
     return expand(source)
 
 
+# the kernels' element type (elem_t) for each call dtype
+_ELEMENT_TYPES = {"float32": "float", "float16": "f16_t", "bfloat16": "bf16_t"}
+
+
 @functools.cache
 def headers() -> tuple[tuple[str, str], ...]:
     """The shipped headers' (name, text): rendered from templates/cuda/<name>.jinja, the same
@@ -102,6 +106,10 @@ def headers() -> tuple[tuple[str, str], ...]:
         "version": __version__,
         "wgmma": cuda_wgmma.instructions(),
         "uses_tanh": True,
+        "tanh_approx": {
+            "types": [_ELEMENT_TYPES[d] for d in plan.TANH_APPROX_DTYPES],
+            "saturation": repr(plan.TANH_APPROX_SATURATION),
+        },
         "fast_division": True,
     }
     return tuple((name, env.get_template(f"{name}.jinja").render(**values)) for name in HEADERS)

@@ -46,7 +46,8 @@ _FLOAT_FUNCS: dict[str, Callable[..., str]] = {
     "exp": lambda x: f"expf({x})",
     "log": lambda x: f"logf({x})",
     "sqrt": lambda x: f"sqrtf({x})",
-    "tanh": lambda x: f"attncc_tanh({x})",
+    # by the kernel's element type: tanh.approx.f32 for some (plan.TANH_APPROX_DTYPES)
+    "tanh": lambda x: f"attncc_tanh_as<elem_t>({x})",
     "sin": lambda x: f"sinf({x})",
     "cos": lambda x: f"cosf({x})",
     "tan": lambda x: f"tanf({x})",

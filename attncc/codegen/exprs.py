@@ -162,6 +162,9 @@ class TritonEnv:
     score: str = "s"
     # subexpressions already held in a variable (a key tile's page-table entries)
     named: Mapping[ir.Expr, str] = field(default_factory=dict)
+    # the kernel's expression of its call's float element type (a compile-time value), by
+    # which tanh picks its implementation (_tanh_as); None: the exact one, whatever the dtype
+    float_type: str | None = None
 
 
 def triton_expr(expr: ir.Expr, env: TritonEnv) -> str:
@@ -217,6 +220,8 @@ def triton_expr(expr: ir.Expr, env: TritonEnv) -> str:
                 _triton_float(a, triton_expr(a, env)) if widen else triton_expr(a, env)
                 for a, widen in zip(args, float_args(expr), strict=True)
             ]
+            if func == "tanh" and env.float_type is not None:
+                return f"_tanh_as({rendered[0]}, {env.float_type})"
             return _TRITON_FUNCS[func](*rendered)
     raise AssertionError(expr)
 

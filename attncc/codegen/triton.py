@@ -61,7 +61,9 @@ def _value_range(values: str, expr: str, exact: bool, axis: int, lo: str, hi: st
 
 
 class _Context:
-    def __init__(self, kernel: ir.AttentionKernel, spec: ast.Spec | str) -> None:
+    def __init__(
+        self, kernel: ir.AttentionKernel, spec: ast.Spec | str, tanh_approx: bool = True
+    ) -> None:
         self.k = kernel
         self.source_text = spec if isinstance(spec, str) else spec.source
         self.spec_lines = plan.spec_lines(None if isinstance(spec, str) else spec)
@@ -69,6 +71,13 @@ class _Context:
         self.query = kernel.query_axis.index if kernel.query_axis else None
         self.key = kernel.key_axis.index
         self.gathered = self.gathered_reads()
+        # tanh's implementation follows the call's dtype (plan.TANH_APPROX_DTYPES; not in the
+        # backward, ``tanh_approx``): every kernel has the output's pointer, whose element
+        # type is that dtype at compile time
+        approx = tanh_approx and "tanh" in plan.functions_used(kernel) and plan.TANH_APPROX_DTYPES
+        self.float_type = (
+            f"{cx.tensor_var(kernel.output.name)}.dtype.element_ty" if approx else None
+        )
 
     def env(self, query_var: str | None = None, vector: bool = True) -> cx.TritonEnv:
         indices = {a.index: cx.index_var(a.index) for a in self.k.batch_axes}
@@ -76,7 +85,9 @@ class _Context:
         if self.query:
             indices[self.query] = query_var or cx.index_var(self.query)
         vector_indices = {self.key} | ({self.query} if self.query and vector else set())
-        return cx.TritonEnv(indices, self.tensors, frozenset(vector_indices))
+        return cx.TritonEnv(
+            indices, self.tensors, frozenset(vector_indices), float_type=self.float_type
+        )
 
     def operand(self, operand: ir.Operand, row: str | None, col: str) -> dict[str, str]:
         """Scalar base offset plus the strides along the row and the column index."""
@@ -114,6 +125,7 @@ class _Context:
             self.tensors,
             frozenset({self.key}),
             named=self.gather_names(),
+            float_type=self.float_type,
         )
         parts = plan.operand_parts(operand, None, col, self.key, replaced)
         for part in parts:
@@ -193,7 +205,12 @@ class _Context:
     ) -> list[str]:
         """``<prefix>i = <load>`` for every gathered read of the keys ``keys``, innermost
         first, so each line only uses names defined before it."""
-        key_env = cx.TritonEnv({**env.indices, self.key: keys}, self.tensors, frozenset({self.key}))
+        key_env = replace(
+            env,
+            indices={**env.indices, self.key: keys},
+            vector_indices=frozenset({self.key}),
+            named={},
+        )
         names = self.gather_names(prefix)
         lines = []
         for i, expr in enumerate(self.gathered):
@@ -244,8 +261,15 @@ class _Context:
         assert self.query is not None
         batch = {a.index: cx.index_var(a.index) for a in index.axes}
         # rows: a vector over the query tile; keys: [key tiles of a chunk, keys of a tile]
-        rows = cx.TritonEnv({**batch, self.query: "offs_m"}, self.tensors, frozenset({self.query}))
-        keys = cx.TritonEnv({**batch, self.key: "offs_n"}, self.tensors, frozenset({self.key}))
+        rows = cx.TritonEnv(
+            {**batch, self.query: "offs_m"},
+            self.tensors,
+            frozenset({self.query}),
+            float_type=self.float_type,
+        )
+        keys = replace(
+            rows, indices={**batch, self.key: "offs_n"}, vector_indices=frozenset({self.key})
+        )
         row_lines: list[str] = []
         key_lines: list[str] = []
         live = ["tile_ok", "(start_n < hi)", "(start_n + BLOCK_N > lo)"]
@@ -328,6 +352,15 @@ class _Context:
         names = [a.var for a in args]
         host = [f"{a.type}({a.host})" if a.source == "param" else a.host for a in args]
         return names, host
+
+    def tanh_approx(self) -> dict[str, str] | None:
+        """The device helper ``_tanh_as``'s values: the condition on its ``float_type`` that
+        picks tanh.approx.f32, and the |x| from which it returns exactly +-1; None where no
+        expression renders through it."""
+        if self.float_type is None:
+            return None
+        types = " or ".join(f"float_type == tl.{d}" for d in plan.TANH_APPROX_DTYPES)
+        return {"when": types, "saturation": repr(plan.TANH_APPROX_SATURATION)}
 
     def contents(self, tile_index: bool, split: dict[str, Any] | None) -> list[str]:
         """Comment lines saying what the module holds, in the order it holds them."""
@@ -433,7 +466,7 @@ class _Context:
         indices[self.key] = cx.index_var(self.key)
         if self.query:
             indices[self.query] = cx.index_var(self.query)
-        env = cx.TritonEnv(indices, self.tensors, frozenset(vector))
+        env = cx.TritonEnv(indices, self.tensors, frozenset(vector), float_type=self.float_type)
 
         def rows_operand(operand: ir.Operand, col: str) -> str:
             parts = []
@@ -448,7 +481,7 @@ class _Context:
             return " + ".join(parts)
 
         replaced = {mapping: kv_head} if mapping is not None and kv_head else None
-        scalar_env = cx.TritonEnv(indices, self.tensors, frozenset())
+        scalar_env = replace(env, vector_indices=frozenset())
         k_parts = self.kv_operand(k.key, k.head_axis.index, scalar_env, replaced)
         v_parts = self.kv_operand(k.value, k.value_axis.index, scalar_env, replaced)
 
@@ -522,6 +555,7 @@ class _Context:
             "spec_lines": self.spec_lines,
             "uses_tma": bool(k_parts["tma"] and v_parts["tma"]),
             "uses_tanh": "tanh" in plan.functions_used(k),
+            "tanh_approx": self.tanh_approx(),
             "uses_pow": "pow" in plan.functions_used(k),
             "fast_division": bool(plan.divisor_dims(k)),
             "runtime_ints": self.runtime_ints(("KEY_TILES",) if tile_index else ()),
