@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import attncc
 from attncc.checking import DECLARED_DTYPES, derive_sizes, index_tensor_dims, operand_dtype
 from attncc.checking import _draw_table_dims as draw_table_dims
+from attncc.checking import _known_dims as known_dims
 from attncc.ir.nodes import AttentionKernel
 from attncc.reference import reference
 from attncc.runtime.kernel import Kernel
@@ -201,8 +202,9 @@ def test_long_sequences_cross_tiles(name: str, schedule: str, data: st.DataObjec
     """Several 64-key tiles: the mask-free band, the diagonal, window starts and ragged ends."""
     kernel = compiled(name, schedule)
     sizes = data.draw(sizes_for(kernel.ir, LONG), label="sizes")
+    tables = set(kernel.ir.dims) - known_dims(kernel.ir)  # sized to the lengths' reads
     for dim in kernel.ir.dims:  # keep the work small: one batch entry, few heads
-        if dim not in (kernel.ir.key_axis.dim, kernel.ir.head_axis.dim) and (
+        if dim not in (kernel.ir.key_axis.dim, kernel.ir.head_axis.dim, *tables) and (
             kernel.ir.query_axis is None or dim != kernel.ir.query_axis.dim
         ):
             sizes[dim] = min(sizes[dim], 2 if kernel.ir.group else 1)
