@@ -39,11 +39,14 @@ DECLARED_DTYPES = {
     "bf16": torch.bfloat16,
     "f32": torch.float32,
     "f64": torch.float64,
+    "f8e4m3": torch.float8_e4m3fn,
 }
 DTYPE_NAMES: dict[torch.dtype, Rounding] = {
     torch.float32: "float32",
     torch.float16: "float16",
     torch.bfloat16: "bfloat16",
+    # FP8 q, k and v: measured against plain per-tensor FP8 done eagerly (attncc.reference)
+    torch.float8_e4m3fn: "float8_e4m3",
 }
 LAYOUTS = ("contiguous", "strided", "permuted")
 HEAD_DIMS = (16, 32, 40, 64, 80, 96, 128)
@@ -209,6 +212,17 @@ def _draw_table_dims(
     key_size = sizes[kernel.key_axis.dim]
     indexing = index_tensor_dims(kernel)
     pending = set(todo)
+    # int params as draw_params draws them (1..key length + 1), or their default: a block
+    # size divides a row index (an FP8 descale per block of rows, k_descale[b, h, n / block])
+    defaults = param_defaults(kernel, sizes, {})
+    int_params = {
+        p.name: (
+            min(1, int(defaults.get(p.name, 1))),
+            max(key_size + 1, int(defaults.get(p.name, 1))),
+        )
+        for p in kernel.params
+        if p.type == "int"
+    }
 
     def bounds(e: ir.Expr) -> tuple[int, int] | None:
         """The integer range of ``e`` over these sizes and drawn inputs (None: unknown)."""
@@ -217,6 +231,8 @@ def _draw_table_dims(
                 return value, value
             case ir.Dim(name=name) if name not in pending:
                 return sizes[name], sizes[name]
+            case ir.Param(name=name) if name in int_params:
+                return int_params[name]
             case ir.Index(name=name) if name in index_dims and index_dims[name] not in pending:
                 return 0, sizes[index_dims[name]] - 1
             case ir.Load(tensor=name) if name in indexing:
@@ -328,8 +344,8 @@ def _layout(t: torch.Tensor, layout: str, rng: np.random.Generator) -> torch.Ten
     """The same values in a non-contiguous arrangement."""
     if layout == "strided" and t.dim() > 0:
         pad = int(rng.integers(1, 5))
-        wide = torch.empty((*t.shape[:-1], t.shape[-1] + pad), dtype=t.dtype, device=t.device)
-        wide.normal_()
+        # drawn in float32: torch has no normal_ for FP8
+        wide = torch.randn((*t.shape[:-1], t.shape[-1] + pad), device=t.device).to(t.dtype)
         wide[..., : t.shape[-1]] = t
         return wide[..., : t.shape[-1]]
     if layout == "permuted" and t.dim() > 1:

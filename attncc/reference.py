@@ -25,7 +25,11 @@ The spec is evaluated exactly as written, with everything materialised:
 - ``reference(spec, rounding="float16")`` (or ``"bfloat16"``, ``"float32"``) emulates the same
   math done naively in a lower precision: float inputs and every materialised result (each
   statement, the probabilities, the output) are rounded to that dtype. The tolerance rule
-  (``attncc.tolerance``) measures kernels against this.
+  (``attncc.tolerance``) measures kernels against this. ``rounding="float8_e4m3"`` is plain
+  per-tensor FP8 done eagerly, for FP8 specs: ``f8e4m3`` inputs and the probabilities are
+  requantised to e4m3 with one scale per tensor (its maximum maps to 448), other float inputs
+  rounded to float32 (the kernels read them so), every other materialised value (scores, the
+  output) to bfloat16.
 - Every ``mask`` statement is ANDed together and applied to the softmax's source: masked scores
   are ``-inf``. A row with no visible key has probabilities 0 (so its output is 0) and lse
   ``-inf``, never NaN: the flash-attn and FlexAttention convention.
@@ -44,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from attncc.spec import CheckedSpec, ast, load
-from attncc.spec.check import Definition, Softmax, TensorInfo, dtype_type, walk
+from attncc.spec.check import FP8_DTYPES, Definition, Softmax, TensorInfo, dtype_type, walk
 from attncc.spec.functions import Type, require_all, widened
 
 __all__ = ["Reference", "reference"]
@@ -89,7 +93,18 @@ _COMPARE: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
-Rounding = Literal["float32", "float16", "bfloat16"]
+Rounding = Literal["float32", "float16", "bfloat16", "float8_e4m3"]
+# float8_e4m3's rounding of each kind of value (the module doc)
+_FP8_STAGES: dict[str, Rounding] = {
+    "fp8 input": "float8_e4m3",
+    "input": "float32",
+    "value": "bfloat16",
+    "probabilities": "float8_e4m3",
+}
+
+
+def _stage(rounding: Rounding | None, stage: str) -> Rounding | None:
+    return _FP8_STAGES[stage] if rounding == "float8_e4m3" else rounding
 
 
 def reference(spec: str | Path | CheckedSpec, rounding: Rounding | None = None) -> Reference:
@@ -104,6 +119,8 @@ def round_to(array: Array, rounding: Rounding | None) -> Array:
     """``array`` rounded to ``rounding`` (nearest even) and widened back to float64."""
     if rounding is None or array.dtype.kind != "f":
         return array
+    if rounding == "float8_e4m3":
+        return _round_e4m3_per_tensor(np.asarray(array, dtype=np.float64))
     if rounding == "bfloat16":
         # bfloat16 is the upper half of a float32: round the lower half away, to nearest even
         bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
@@ -112,6 +129,21 @@ def round_to(array: Array, rounding: Rounding | None) -> Array:
         )
         return bits.view(np.float32).astype(np.float64)
     return array.astype(rounding).astype(np.float64)
+
+
+def _round_e4m3_per_tensor(array: Array) -> Array:
+    """Scale so the largest finite magnitude is 448 (e4m3's largest), round to e4m3 (3
+    mantissa bits, normals from 2^-6, subnormal step 2^-9; nearest even), scale back.
+    Non-finite values stay."""
+    finite = np.isfinite(array)
+    amax = float(np.max(np.abs(array[finite]), initial=0.0))
+    if amax == 0.0:
+        return array
+    scale = amax / 448.0
+    x = np.where(finite, array, 0.0) / scale
+    step = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(x), 2.0**-6))) - 3)
+    rounded = np.clip(np.round(x / step) * step, -448.0, 448.0)  # np.round: half to even
+    return np.where(finite, rounded * scale, array)
 
 
 class Reference:
@@ -145,7 +177,14 @@ class Reference:
                 f"return_lse needs exactly one softmax, but '{spec.name}' has {len(softmaxes)}"
             )
         tensors = {
-            k: round_to(v, self.rounding) for k, v in _bind_inputs(spec, inputs, named).items()
+            k: round_to(
+                v,
+                _stage(
+                    self.rounding,
+                    "fp8 input" if spec.inputs[k].dtype in FP8_DTYPES else "input",
+                ),
+            )
+            for k, v in _bind_inputs(spec, inputs, named).items()
         }
         # IEEE results (exp overflow, log(0), 1/0.0) are the intended semantics, not warnings.
         with np.errstate(all="ignore"):
@@ -319,7 +358,7 @@ class _Evaluator:
         full = np.broadcast_to(_place(result, kept, step.indices), self.shape(step.indices))
         self.defined[step.target] = (
             step.indices,
-            round_to(np.array(full, dtype=np.float64), self.rounding),
+            round_to(np.array(full, dtype=np.float64), _stage(self.rounding, "value")),
         )
 
     def softmax(self, step: Softmax) -> None:
@@ -351,7 +390,10 @@ class _Evaluator:
         probs = weights / np.where(total == 0, 1.0, total)
         if sink is not None:
             probs = np.delete(probs, -1, axis=axis)
-        self.defined[step.target] = (indices, round_to(probs, self.rounding))
+        self.defined[step.target] = (
+            indices,
+            round_to(probs, _stage(self.rounding, "probabilities")),
+        )
         self.lse = np.squeeze(peak + np.log(total), axis=axis)  # log(0) = -inf
 
     # ------------------------------------------------------------------ expressions

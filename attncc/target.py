@@ -57,8 +57,9 @@ def auto_target(kernel: AttentionKernel) -> str:
     The IR conditions go first: they cost nothing, and a decode kernel then never
     initialises CUDA or looks for cuda-python just to be told "triton".
     """
-    # The CUDA kernels have no softmax sink term: Triton runs sink specs.
-    if kernel.sink is not None:
+    # The CUDA kernels have no softmax sink term, no FP8 tiles and no value scale: Triton
+    # runs those specs.
+    if kernel.sink is not None or kernel.fp8 or kernel.value_scale is not None:
         return "triton"
     # Decode (split_kv, or a fused kernel without a query axis) measured equal or slower on
     # the CUDA target; naive has no CUDA kernels at all.

@@ -24,6 +24,10 @@ MAX_ERROR_FACTOR = 4.0
 FLOOR_ABS = 1e-5
 FLOOR_EPS = 0.25
 EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+# FP8 (e4m3) q, k and v: the naive error is that of plain per-tensor FP8 done eagerly
+# (``reference(spec, rounding="float8_e4m3")``: inputs and probabilities requantised to e4m3,
+# one scale per tensor), the same factors apply; the floor is that of the bfloat16 output.
+EPS["float8_e4m3"] = EPS["bfloat16"]
 
 
 @dataclass(frozen=True)

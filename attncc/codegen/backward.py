@@ -111,6 +111,8 @@ def check_supported(k: ir.AttentionKernel) -> None:
     """Raise ``BackwardUnsupported`` naming the first thing this backward lacks."""
     if k.query_axis is None:
         raise _refuse(k, "decode (no query axis) has no backward: only prefill kernels do")
+    if k.fp8 or k.value_scale is not None:
+        raise _refuse(k, "FP8 inputs and value scales have no backward (inference only, for now)")
     if k.schedule != "fused":
         raise _refuse(
             k, f"only the fused prefill schedule has a backward (this kernel is {k.schedule})"

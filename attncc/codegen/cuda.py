@@ -640,6 +640,12 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
             f"attncc {kernel.name}: schedule 'naive' is not available for target cuda "
             "(use schedule 'fused' or 'split_kv', or target 'triton')"
         )
+    if kernel.fp8 or kernel.value_scale is not None:
+        # the CUDA kernels' tiles are 16-bit and their P·V has no per-key weight
+        raise ValueError(
+            f"attncc {kernel.name}: target cuda has no FP8 inputs or value scales yet (use "
+            "target 'triton' or 'auto')"
+        )
     if kernel.sink is not None:
         # the kernels' softmax has no sink term: rendering them would leave the sink out
         raise ValueError(

@@ -42,7 +42,7 @@ def tables(k: ir.AttentionKernel) -> dict[str, Any]:
             "name": t.name,
             "dims": list(t.dims),
             "kind": "float"
-            if t.dtype in ("float", "f16", "bf16", "f32", "f64")
+            if t.dtype in ("float", "f16", "bf16", "f32", "f64", "f8e4m3")
             else ("bool" if t.dtype == "bool" else "int"),
             "dtype": t.dtype,
         }

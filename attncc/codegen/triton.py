@@ -332,6 +332,13 @@ class _Context:
             "mask_all": _and(masks) or "True",
             "residual_mask": _and(residual),
             "bounded_keys": plan.bounds_read_tensors(mask_plan),
+            "value_scale": (
+                cx.triton_expr(self.k.value_scale, env) if self.k.value_scale is not None else None
+            ),
+            # FP8 tiles meet P in bfloat16, which holds every e4m3 value exactly: P (and P
+            # weighed by a value scale of ~amax/448) would lose most of its small entries to
+            # e4m3's subnormal range
+            "pv_dtype": "tl.bfloat16" if self.k.fp8 else None,
             "spec": self.spec_lines,
         }
 

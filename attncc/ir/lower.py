@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from attncc.ir import nodes as ir
 from attncc.spec import ast
-from attncc.spec.check import CheckedSpec, Definition, Softmax, dtype_type, walk
+from attncc.spec.check import FP8_DTYPES, CheckedSpec, Definition, Softmax, dtype_type, walk
 from attncc.spec.errors import SpecError
 from attncc.spec.functions import result_type
 
@@ -123,13 +123,7 @@ class _Lowering:
             (i for i in _plain(query_op) if i in softmax.indices and i not in key_reads), None
         )
         batch = [i for i in softmax.indices if i not in (key_index, query_axis_name)]
-        value_def = self.value_contraction(softmax)
-        value_access = next(
-            f
-            for f in _factors(value_def.value) or []
-            if isinstance(f, ast.Access) and f.tensor.name != softmax.target
-        )
-        assert isinstance(value_access, ast.Access)
+        value_def, value_access, value_factors = self.value_contraction(softmax)
         value_indices = [
             sub.name
             for sub in value_access.indices
@@ -182,6 +176,8 @@ class _Lowering:
         elementwise += [("a mask", m.condition) for m in c.masks]
         for what, expr in elementwise:
             self.reject_operand_reads(what, expr, roles)
+        value_scale = self.value_scale(value_factors, key_index, batch, roles)
+        self.fp8_roles(roles)
         tensors = tuple(
             ir.TensorArg(t.name, t.dims, t.dtype, roles.get(t.name, "aux"))  # type: ignore[arg-type]
             for t in c.inputs.values()
@@ -220,6 +216,7 @@ class _Lowering:
             derived_dims=tuple((d, self.expr(v)) for d, v in c.derived_dims.items()),
             lse_order=tuple(i for i in softmax.indices if i != key_index),
             sink=self.sink(softmax, query_axis_name, roles),
+            value_scale=value_scale,
         )
 
     def sink(self, softmax: Softmax, query: str | None, roles: dict[str, str]) -> ir.Expr | None:
@@ -297,7 +294,9 @@ class _Lowering:
             for n in walk(expr)
         )
 
-    def value_contraction(self, softmax: Softmax) -> Definition:
+    def value_contraction(self, softmax: Softmax) -> tuple[Definition, ast.Access, list[ast.Expr]]:
+        """The output's definition, its value tensor, and its other factors (a value scale:
+        ``o = p * v * v_descale[b, h, n / 128]``, checked by ``value_scale``)."""
         out = [s for s in self.c.steps if isinstance(s, Definition) and s.target == self.c.output]
         if not out:
             raise self.error("not attention: the output must be a contraction", self.spec.name.span)
@@ -309,13 +308,20 @@ class _Lowering:
             if isinstance(f, ast.Access) and f.tensor.name == softmax.target
         ]
         others = [f for f in factors or [] if f not in uses_p]
-        if (
-            factors is None
-            or len(uses_p) != 1
-            or len(others) != 1
-            or not isinstance(others[0], ast.Access)
-            or not (others[0].tensor.name in self.c.inputs or others[0].tensor.name in self.c.views)
-        ):
+        # the value tensor: the first input (or view) read at an index the output keeps and
+        # the probabilities lack (the value head dim); every other factor scales the values
+        values = [
+            f
+            for f in others
+            if isinstance(f, ast.Access)
+            and (f.tensor.name in self.c.inputs or f.tensor.name in self.c.views)
+            and any(
+                i in value_def.indices and i not in softmax.indices
+                for i in _plain(f)
+                if i in self.c.index_dims
+            )
+        ]
+        if factors is None or len(uses_p) != 1 or not values:
             raise self.error(
                 f"not attention: the output must be {softmax.target}[...] * v[...]",
                 value_def.value.span,
@@ -333,7 +339,60 @@ class _Lowering:
                 f"read {softmax.target} with its own indices [{', '.join(softmax.indices)}]",
                 p_access.span,
             )
-        return value_def
+        value_access = values[0]
+        assert isinstance(value_access, ast.Access)
+        return value_def, value_access, [f for f in others if f is not value_access]
+
+    def value_scale(
+        self, factors: list[ast.Expr], key: str, batch: list[str], roles: dict[str, str]
+    ) -> ir.Expr | None:
+        """The output's factors beside p and v, multiplied: one number per key (and batch
+        index), e.g. a per-block FP8 descale of v; the kernels weigh each key's probability
+        by it."""
+        scale: ir.Expr | None = None
+        for factor in factors:
+            stray = sorted(self.indices_read(factor) - {key, *batch})
+            if stray:
+                raise self.error(
+                    f"a factor of the output beside the probabilities and the values may use "
+                    f"the key index '{key}' and batch indices only, not '{stray[0]}'",
+                    factor.span,
+                    "a value scale is one number per key: o = p * v * v_descale[b, h, n / 128]",
+                )
+            self.reject_operand_reads("a value scale", factor, roles)
+            lowered = self.expr(factor)
+            if lowered.type == "bool":
+                raise self.error("a value scale must be a number, got a boolean", factor.span)
+            scale = lowered if scale is None else ir.BinOp("*", scale, lowered, "float")
+        if scale is not None and scale.type != "float":
+            raise self.error(
+                "a value scale must be a float",
+                factors[0].span,
+                "write it as a float (2.0, not 2), or read a float input",
+            )
+        return scale
+
+    def fp8_roles(self, roles: dict[str, str]) -> None:
+        """FP8 inputs are the query, key and value, all three: the kernels' FP8 path is the
+        two contractions' operands, with every other float read in float32."""
+        fp8 = {name for name, info in self.c.inputs.items() if info.dtype in FP8_DTYPES}
+        if not fp8:
+            return
+        for name in sorted(fp8):
+            if name not in roles:
+                raise self.error(
+                    f"input '{name}' is f8e4m3, but only the query, key and value may be FP8",
+                    self.c.inputs[name].span,
+                    "declare side inputs (descales, biases) f32 or float",
+                )
+        plain = sorted(set(roles) - fp8)
+        if plain:
+            raise self.error(
+                f"the query, key and value must all be f8e4m3 or none of them; "
+                f"'{plain[0]}' is {self.c.inputs[plain[0]].dtype}",
+                self.c.inputs[plain[0]].span,
+                f"declare {', '.join(plain)} f8e4m3 too",
+            )
 
     def check_operand(
         self, access: ast.Access, role: str, required: list[str], batch: list[str]

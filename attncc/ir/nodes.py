@@ -267,6 +267,15 @@ class AttentionKernel:
     # ``softmax(s, n, sink)``: a logit per row added to the softmax's normaliser only
     # (gpt-oss's attention sinks); it reads batch indices only
     sink: Expr | None = None
+    # the output's factors beside p and v (``o = p * v * v_descale[b, h, n / 128]``): one
+    # number per key and batch index that weighs each key's probability in P·V (not in the
+    # normaliser); None: 1
+    value_scale: Expr | None = None
+
+    @property
+    def fp8(self) -> bool:
+        """Whether q, k and v are FP8 (the checker makes it all three or none)."""
+        return self.tensor(self.query.tensor).dtype in ("f8e4m3",)
 
     def tensor(self, name: str) -> TensorArg:
         for arg in self.tensors:

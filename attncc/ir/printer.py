@@ -84,6 +84,8 @@ def kernel_str(kernel: ir.AttentionKernel) -> str:
         lines.append(f"  mask   {expr_str(mask)}")
     if kernel.sink is not None:
         lines.append(f"  sink   {expr_str(kernel.sink)}")
+    if kernel.value_scale is not None:
+        lines.append(f"  vscale {expr_str(kernel.value_scale)}")
     out = kernel.output
     lines.append(f"  out {out.name}[{', '.join(out.indices)}]  # dims [{', '.join(out.dims)}]")
     if kernel.group is not None:

@@ -25,6 +25,15 @@ def group_subscript(kernel: ir.AttentionKernel) -> ir.Expr | None:
     )
 
 
+def fused_only_reason(kernel: ir.AttentionKernel) -> str | None:
+    """FP8 tiles and a per-key value scale are written for the fused kernel only."""
+    if kernel.fp8:
+        return "FP8 inputs run fused only (for now)"
+    if kernel.value_scale is not None:
+        return "a value scale runs fused only (for now)"
+    return None
+
+
 def split_kv_blocker(kernel: ir.AttentionKernel) -> str | None:
     """Why this kernel cannot run split-KV, or None when it can.
 
@@ -35,6 +44,9 @@ def split_kv_blocker(kernel: ir.AttentionKernel) -> str | None:
     if kernel.sink is not None:
         # the split-KV kernels and their merge have no sink term yet
         return "a softmax sink runs fused only (for now)"
+    fused_only = fused_only_reason(kernel)
+    if fused_only is not None:
+        return fused_only
     if kernel.group is None:
         return None
     head = kernel.group.head.index
@@ -73,6 +85,8 @@ class ChooseSchedule:
             raise ValueError(
                 f"attncc {kernel.name}: cannot run naive: a softmax sink runs fused only (for now)"
             )
+        if chosen == "naive" and fused_only_reason(kernel) is not None:
+            raise ValueError(f"attncc {kernel.name}: cannot run naive: {fused_only_reason(kernel)}")
         if chosen is None:
             chosen = "split_kv" if kernel.query_axis is None and blocker is None else "fused"
         explicit = (self.override or kernel.schedule) is not None

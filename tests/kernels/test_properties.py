@@ -22,7 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attncc
-from attncc.checking import DECLARED_DTYPES, derive_sizes, index_tensor_dims
+from attncc.checking import DECLARED_DTYPES, derive_sizes, index_tensor_dims, operand_dtype
+from attncc.checking import _draw_table_dims as draw_table_dims
+from attncc.checking import _known_dims as known_dims
 from attncc.ir.nodes import AttentionKernel
 from attncc.reference import reference
 from attncc.runtime.kernel import Kernel
@@ -75,7 +77,11 @@ def sizes_for(draw: st.DrawFn, kernel: AttentionKernel, lengths: st.SearchStrate
         sizes[dim] = draw(st.integers(1, 40))  # the pool a page table picks from
     # a paged key axis N = NP * PAGE: any page size, pages enough for the drawn length
     page = draw(st.sampled_from([1, 2, 3, 16, 17]))
-    return derive_sizes(kernel, sizes, sizes[kernel.key_axis.dim], page)
+    sizes = derive_sizes(kernel, sizes, sizes[kernel.key_axis.dim], page)
+    # tables read at a computed subscript (FP8 descales per block of rows) hold every entry
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    draw_table_dims(kernel, sizes, {}, rng)
+    return sizes
 
 
 def int_param(name: str, key_len: int) -> st.SearchStrategy[int]:
@@ -154,6 +160,7 @@ def assert_matches(
     zero_lengths: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     sizes = fit_split_kv(kernel, sizes)
+    dtype = operand_dtype(kernel.ir) or dtype  # q, k and v declared FP8 are drawn in it
     inputs = make_inputs(kernel.ir, sizes, dtype, layout, seed, zero_lengths)
     out_v, lse_v, out, lse = evaluate(kernel, inputs, params, dtype)
     where = fmt(sizes, params, dtype, layout)
@@ -195,8 +202,9 @@ def test_long_sequences_cross_tiles(name: str, schedule: str, data: st.DataObjec
     """Several 64-key tiles: the mask-free band, the diagonal, window starts and ragged ends."""
     kernel = compiled(name, schedule)
     sizes = data.draw(sizes_for(kernel.ir, LONG), label="sizes")
+    tables = set(kernel.ir.dims) - known_dims(kernel.ir)  # sized to the lengths' reads
     for dim in kernel.ir.dims:  # keep the work small: one batch entry, few heads
-        if dim not in (kernel.ir.key_axis.dim, kernel.ir.head_axis.dim) and (
+        if dim not in (kernel.ir.key_axis.dim, kernel.ir.head_axis.dim, *tables) and (
             kernel.ir.query_axis is None or dim != kernel.ir.query_axis.dim
         ):
             sizes[dim] = min(sizes[dim], 2 if kernel.ir.group else 1)

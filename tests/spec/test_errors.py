@@ -291,7 +291,7 @@ NAMES = [
         edit(("in v[B, KVH, N, D]", "in v[B, KVH, N, D]: f8")),
         "5:21",
         "unknown dtype 'f8'",
-        "float, f16, bf16, f32, i32, i64, bool",
+        "float, f16, bf16, f32, f8e4m3, i32, i64, bool",
     ),
     Case(
         # no kernel takes float64 tensors: the declaration could never be satisfied
@@ -754,7 +754,7 @@ def test_rendering_in_full() -> None:
         "t.attn:5:21: error: unknown dtype 'f8'\n"
         "    in v[B, KVH, N, D]: f8\n"
         "                        ^~\n"
-        "  hint: choose one of float, f16, bf16, f32, i32, i64, bool"
+        "  hint: choose one of float, f16, bf16, f32, f8e4m3, i32, i64, bool"
     )
 
 

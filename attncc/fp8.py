@@ -1,0 +1,229 @@
+"""FP8 (e4m3) quantisation of attention inputs, and the eager emulation of an FP8 kernel.
+
+``quantize(q, k, v, block=(block_m, block_n), hadamard=True)`` turns float query, key and
+value tensors ``[..., S, D]`` (rows on the second-to-last axis, the head dim last) into
+``torch.float8_e4m3fn`` tensors and float32 *descale* factors, one per tensor
+(``block=None``) or one per block of rows: ``block_m`` query rows, ``block_n`` key/value rows
+(the kernel's tiles), per leading index (batch, head). ``x ≈ x_fp8.float() * descale`` for
+each block; a block's descale is its absolute maximum over 448, the largest e4m3 value, so
+the largest element of every block lands on the top of the FP8 range.
+
+``hadamard=True`` first rotates the head dim of Q and K by the normalised Walsh-Hadamard
+matrix ``H / sqrt(D)`` (orthogonal and symmetric), which leaves ``Q K^T`` unchanged:
+``(Q H)(K H)^T = Q H H^T K^T = Q K^T``. The rotation spreads an outlier entry over the whole
+head dim, so a block's maximum (and with it the rounding step of every other entry) shrinks;
+this is FlashAttention-3's "incoherent processing". V is not rotated: the rotation would have
+to be undone on the output.
+
+``emulate_attention`` computes, in torch on any device, what an FP8 flash kernel computes from
+the quantised inputs (see its docstring); ``attncc.checking`` and ``benchmarks/fp8_error.py``
+measure kernels and quantisation schemes against it and against the float64 reference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+# A block of zeros gets descale 1 rather than 0: its FP8 values are 0 either way, and a zero
+# descale would turn a later 0 * inf into NaN.
+_ZERO_BLOCK_DESCALE = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Scheme:
+    """What a kernel must know about quantised inputs to undo the quantisation.
+
+    ``block_m``/``block_n`` are the query and key/value rows per descale factor (None: one
+    descale per tensor, a 0-d tensor); the kernel's tiles must be multiples of them, or, for
+    the kernel to apply one descale per tile, equal to them. ``hadamard``: Q and K were
+    rotated over the head dim (nothing for the kernel to do; the output is unrotated).
+    """
+
+    block_m: int | None
+    block_n: int | None
+    hadamard: bool
+    dtype: str = "f8e4m3"
+
+    @property
+    def per_tensor(self) -> bool:
+        return self.block_m is None
+
+
+@dataclass(frozen=True)
+class Fp8Inputs:
+    """FP8 query, key and value with their float32 descales.
+
+    Per block, ``q_descale`` has shape ``q.shape[:-2] + (ceil(M / block_m),)`` and
+    ``k_descale``/``v_descale`` ``k.shape[:-2] + (ceil(N / block_n),)``; per tensor, all three
+    are 0-d.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_descale: torch.Tensor
+    k_descale: torch.Tensor
+    v_descale: torch.Tensor
+    scheme: Fp8Scheme
+
+
+def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
+    """``x @ (H / sqrt(D))`` over the last axis, ``H`` the Sylvester Hadamard matrix of order D.
+
+    A log2(D)-stage butterfly (O(D log D) per row, no matrix built); D must be a power of two.
+    The transform is its own inverse. Computed in ``x``'s dtype (float32 or float64).
+    """
+    d = x.shape[-1]
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"the Hadamard rotation needs a power-of-two head dim, got D={d}")
+    y = x.reshape(-1, d)
+    h = 1
+    while h < d:
+        # pairs (i, i + h) within each group of 2h: (a, b) -> (a + b, a - b)
+        pairs = y.reshape(-1, d // (2 * h), 2, h)
+        a, b = pairs[:, :, 0, :], pairs[:, :, 1, :]
+        y = torch.stack((a + b, a - b), dim=2).reshape(-1, d)
+        h *= 2
+    return (y * (1.0 / math.sqrt(d))).reshape(x.shape)
+
+
+def _block_amax(x: torch.Tensor, rows: int | None) -> torch.Tensor:
+    """The absolute maximum of ``x [..., S, D]`` per block of ``rows`` rows (the last block may
+    be short), shape ``[..., ceil(S / rows)]``; a 0-d tensor for ``rows=None``."""
+    if rows is None:
+        return x.abs().amax()
+    s = x.shape[-2]
+    blocks = -(-s // rows)
+    row_max = x.abs().amax(dim=-1)  # [..., S]
+    pad = blocks * rows - s
+    if pad:
+        row_max = torch.nn.functional.pad(row_max, (0, pad))  # zeros never raise a max
+    return row_max.reshape(*row_max.shape[:-1], blocks, rows).amax(dim=-1)
+
+
+def _per_row(descale: torch.Tensor, rows: int | None, s: int) -> torch.Tensor:
+    """Expand a block descale ``[..., blocks]`` to ``[..., S, 1]`` (0-d stays 0-d)."""
+    if rows is None:
+        return descale
+    return descale.repeat_interleave(rows, dim=-1)[..., :s].unsqueeze(-1)
+
+
+def _quantize_one(x: torch.Tensor, rows: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.to(torch.float32) if x.dtype != torch.float64 else x
+    amax = _block_amax(x, rows)
+    descale = torch.where(amax > 0, amax / FP8_MAX, torch.full_like(amax, _ZERO_BLOCK_DESCALE))
+    scaled = x / _per_row(descale, rows, x.shape[-2])
+    # Division may land a hair above 448; e4m3fn has no infinity and would give NaN.
+    x8 = scaled.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return x8, descale.to(torch.float32)
+
+
+def _check_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: tuple[int, int] | None
+) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() < 2:
+            raise ValueError(f"{name}: expected a tensor [..., S, D], got shape {tuple(t.shape)}")
+        if not t.is_floating_point() or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise TypeError(
+                f"{name}: expected a float16/bfloat16/float32/float64 tensor, got {t.dtype}"
+            )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k: head dim {k.shape[-1]} differs from q's {q.shape[-1]}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            f"v: shape {tuple(v.shape)} does not match k's {tuple(k.shape)} before the head dim"
+        )
+    if block is not None and (
+        len(block) != 2 or any(not isinstance(b, int) or b < 1 for b in block)
+    ):
+        raise ValueError(f"block: expected (block_m, block_n), two positive ints, got {block!r}")
+
+
+def quantize(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block: tuple[int, int] | None = None,
+    hadamard: bool = False,
+) -> Fp8Inputs:
+    """Quantise ``q [..., M, D]``, ``k [..., N, D]``, ``v [..., N, Dv]`` to FP8 e4m3.
+
+    ``block=(block_m, block_n)``: one descale per ``block_m`` query rows and per ``block_n``
+    key/value rows of each leading index (batch, head); ``None``: one per tensor.
+    ``hadamard=True`` rotates the head dim of q and k first (see the module docstring).
+    The arithmetic is float32 (float64 for float64 inputs).
+    """
+    _check_inputs(q, k, v, block)
+    if hadamard:
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        q = hadamard_transform(q.to(work))
+        k = hadamard_transform(k.to(work))
+    block_m, block_n = block if block is not None else (None, None)
+    q8, q_descale = _quantize_one(q, block_m)
+    k8, k_descale = _quantize_one(k, block_n)
+    v8, v_descale = _quantize_one(v, block_n)
+    return Fp8Inputs(
+        q8, k8, v8, q_descale, k_descale, v_descale, Fp8Scheme(block_m, block_n, hadamard)
+    )
+
+
+def dequantize(
+    x: Fp8Inputs, dtype: torch.dtype = torch.float32, unrotate: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v back in ``dtype``: FP8 values times their descales. With ``unrotate`` (the
+    default), q and k are rotated back, so they approximate the tensors given to ``quantize``;
+    without it they are in the rotated basis the kernel sees."""
+    s = x.scheme
+    q = x.q.to(dtype) * _per_row(x.q_descale.to(dtype), s.block_m, x.q.shape[-2])
+    k = x.k.to(dtype) * _per_row(x.k_descale.to(dtype), s.block_n, x.k.shape[-2])
+    v = x.v.to(dtype) * _per_row(x.v_descale.to(dtype), s.block_n, x.v.shape[-2])
+    if s.hadamard and unrotate:
+        q, k = hadamard_transform(q), hadamard_transform(k)
+    return q, k, v
+
+
+def emulate_attention(x: Fp8Inputs, scale: float | None = None) -> torch.Tensor:
+    """Full (unmasked) attention as an FP8 flash kernel computes it from ``x``, in float32.
+
+    Emulated: scores from the FP8 q and k with float32 accumulation (an e4m3 product is
+    exact in float32), times the q and k descales of the row's and column's blocks and
+    ``scale``; softmax statistics (row max, row sum) in float32; the probabilities
+    ``exp(s - max)`` rounded to FP8 e4m3 before ``P·V`` (FlashAttention-3 feeds P to the
+    FP8 tensor core), the row sum taken from the unrounded float32 values; ``P·V`` accumulated
+    in float32 per block of keys, times that block's v descale. Not emulated: the online
+    softmax's rescaling (P is relative to the final row max, as in a one-tile kernel; a
+    running max only moves P's values within e4m3's relative precision) and the reduced
+    accumulator precision of Hopper's FP8 wgmma. Heads of q and k must match (expand GQA
+    first). Returns ``[..., M, Dv]`` float32.
+    """
+    s = x.scheme
+    f32 = torch.float32
+    q = x.q.to(f32)
+    k = x.k.to(f32)
+    v = x.v.to(f32)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    m, n = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-1, -2)
+    qd = _per_row(x.q_descale, s.block_m, m)  # [..., M, 1] or 0-d
+    kd = _per_row(x.k_descale, s.block_n, n)
+    kd = kd if kd.dim() == 0 else kd.transpose(-1, -2)  # [..., 1, N]
+    scores = scores * (qd * kd * scale)
+    row_max = scores.amax(dim=-1, keepdim=True)
+    p = torch.exp(scores - row_max)
+    row_sum = p.sum(dim=-1, keepdim=True)
+    p8 = p.to(FP8_DTYPE).to(f32)
+    if s.block_n is None:
+        out = (p8 @ v) * x.v_descale
+    else:
+        # Scaling v's rows by their block's descale equals scaling each block's partial
+        # product, up to float32 rounding (1e-7 relative, far below FP8's 6e-2).
+        vd = _per_row(x.v_descale, s.block_n, n)  # [..., N, 1]
+        out = p8 @ (v * vd)
+    return out / row_sum

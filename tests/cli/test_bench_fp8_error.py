@@ -1,0 +1,61 @@
+"""benchmarks/fp8_error.py's study, small enough for the CPU test run."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fp8_error.py"
+
+
+@pytest.fixture(scope="module")
+def fp8_error() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fp8_error_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_outlier_distribution_has_rare_large_entries(fp8_error: ModuleType) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = fp8_error.draw("outliers", (1000, 1000), g)
+    normal = fp8_error.draw("normal", (1000, 1000), g)
+    assert normal.abs().max() < 6.5
+    share = (x.abs() > 6.5).double().mean().item()  # about 0.001 * P(|N(0, 101)| > 6.5)
+    assert 3e-4 < share < 1e-3
+    with pytest.raises(ValueError, match="unknown distribution 'uniform'"):
+        fp8_error.draw("uniform", (2,), g)
+
+
+def test_study_orders_the_schemes(fp8_error: ModuleType) -> None:
+    rows = fp8_error.study([256], batch=1, heads=2, head_dim=128, block=(64, 64))
+    assert len(rows) == len(fp8_error.DISTRIBUTIONS) * len(fp8_error.SCHEMES)
+    rmse = {(r.distribution, r.scheme): r.rmse for r in rows}
+    for distribution in fp8_error.DISTRIBUTIONS:
+        # bf16's 8 mantissa bits against e4m3's 4: an order of magnitude apart
+        fp8 = [rmse[(distribution, s)] for s in fp8_error.SCHEMES if s != "bf16"]
+        assert 5 * rmse[(distribution, "bf16")] < min(fp8)
+        assert all(r.max_error >= r.rmse > 0 for r in rows)
+    # the rotation helps where there are outliers
+    assert rmse[("outliers", "block+H")] < 0.9 * rmse[("outliers", "per-tensor")]
+    ratios = fp8_error.target_ratios(rows)
+    assert ratios == {256: rmse[("outliers", "block+H")] / rmse[("outliers", "per-tensor")]}
+    table = fp8_error.format_table(rows)
+    assert table.count("\n") == 1 + len(fp8_error.DISTRIBUTIONS)
+    assert all(s in table.splitlines()[0] for s in fp8_error.SCHEMES)
+
+
+def test_main_prints_the_table_and_the_target(
+    fp8_error: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = fp8_error.main(["--seqlens", "128", "--heads", "1", "--head-dim", "64"])
+    out = capsys.readouterr().out
+    assert "| outliers | 128 |" in out and "block+H / per-tensor RMSE on outliers: S=128:" in out
+    assert status == (0 if "target <= 0.5: met" in out else 1)

@@ -1,0 +1,174 @@
+"""FP8 (e4m3) q, k and v with per-block descales: the Triton fused kernel, `attncc check`'s
+FP8 rule, and the refusals of what has no FP8 path yet."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import attncc
+from attncc.checking import check, table
+from attncc.fp8 import emulate_attention, quantize
+from attncc.reference import reference, round_to
+from attncc.spec import SpecError
+
+from ._support import DEVICE, compiled, example_path
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
+)
+
+FP8 = example_path("fp8_block").read_text()
+
+
+def attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    q, k, v = q.double(), k.double(), v.double()
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def test_check_passes_the_fp8_example_with_the_fp8_rule() -> None:
+    results = check(compiled("fp8_block", "fused"), trials=3, seed=4, device=DEVICE, max_len=80)
+    assert all(r.ok for r in results), table(results)
+    assert {r.case.dtype for r in results} == {torch.float8_e4m3fn}
+    # the rule's bound is plain per-tensor FP8's error, far above bfloat16's floor
+    assert all(r.output.rms_bound > 1e-3 for r in results), table(results)
+
+
+def test_check_fails_a_kernel_that_drops_the_value_scale() -> None:
+    """The same kernel without v's descale, judged by the FP8 example's reference."""
+    text = FP8.replace(" * v_descale[b, h, n / block_n]", " * (1.0 + 0 * v_descale[b, h, 0])")
+    assert text != FP8
+    wrong = dataclasses.replace(attncc.compile(text), spec=compiled("fp8_block", "fused").spec)
+    results = check(wrong, trials=3, seed=4, device=DEVICE, max_len=80)
+    assert not any(r.ok for r in results), table(results)
+
+
+@pytest.mark.parametrize("hadamard", [False, True])
+def test_quantized_inputs_through_the_kernel(hadamard: bool) -> None:
+    """quantize() then the kernel: the FP8 error of the emulated kernel, not more."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, s, 64, generator=gen) for s in (150, 200, 200))
+    x = quantize(q, k, v, block=(64, 32), hadamard=hadamard)
+    kernel = compiled("fp8_block", "fused")
+    args = [t.to(DEVICE) for t in (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)]
+    out = kernel(*args, block_m=64, block_n=32)
+    assert out.dtype == torch.bfloat16 and out.shape == (1, 2, 150, 64)
+    exact = attention64(q, k, v)
+    rmse = (out.cpu().double() - exact).pow(2).mean().sqrt().item()
+    emulated = (emulate_attention(x).double() - exact).pow(2).mean().sqrt().item()
+    # the kernel meets P in bfloat16 where the emulation rounds it to e4m3: no worse
+    assert rmse <= 1.1 * emulated, (rmse, emulated)
+    # wrong blocks for these descales are caught by the numbers, not silently close
+    wrong = kernel(*args, block_m=64, block_n=64)
+    assert (wrong.cpu().double() - exact).pow(2).mean().sqrt().item() > 3 * rmse
+
+
+def test_value_scale_without_fp8() -> None:
+    """A per-key value weight is a spec feature of its own: bf16 inputs, any weight."""
+    text = (
+        example_path("fused")
+        .read_text()
+        .replace("in    v[B, H, N, D]\n", "in    v[B, H, N, D]\nin    w[B, N]: f32\n")
+        .replace("* v[b, h, n, d]", "* v[b, h, n, d] * w[b, n]")
+    )
+    assert "w[b, n]" in text and "in    w[B, N]" in text
+    results = check(attncc.compile(text), trials=3, seed=2, device=DEVICE, max_len=64)
+    assert all(r.ok for r in results), table(results)
+
+
+def test_fp8_rounding_of_the_reference_is_e4m3() -> None:
+    gen = np.random.default_rng(0)
+    x = gen.standard_normal(4000) * 3.0
+    got = round_to(x, "float8_e4m3")
+    scale = np.abs(x).max() / 448.0
+    want = (torch.from_numpy(x / scale).to(torch.float8_e4m3fn).double() * scale).numpy()
+    np.testing.assert_array_equal(got, want)
+    assert np.abs(got).max() == np.abs(x).max()  # the maximum is exact: 448 * scale
+
+
+def test_fp8_naive_reference_rounds_inputs_and_probabilities() -> None:
+    spec = compiled("fp8_block", "fused").spec
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 1, 40, 16, generator=gen).to(torch.float8_e4m3fn) for _ in range(3))
+    descales = [torch.rand(1, 1, 1, generator=gen) + 0.5 for _ in range(3)]
+    exact = reference(spec)(q, k, v, *descales)
+    naive = reference(spec, rounding="float8_e4m3")(q, k, v, *descales)
+    err = np.sqrt(np.mean((naive - exact) ** 2))
+    assert 1e-3 < err < 5e-2  # e4m3's rounding (2^-4 relative), not bfloat16's (2^-9)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "error"),
+    [
+        (
+            "in    k_descale[B, H, NB]: f32",
+            "in    k_descale[B, H, NB]: f8e4m3",
+            "input 'k_descale' is f8e4m3, but only the query, key and value may be FP8",
+        ),
+        (
+            "in    v[B, H, N, D]: f8e4m3",
+            "in    v[B, H, N, D]: bf16",
+            "the query, key and value must all be f8e4m3 or none of them; 'v' is bf16",
+        ),
+        ("in    q[B, H, M, D]: f8e4m3", "in    q[B, H, M, D]: f8e5m2", "f8e5m2 inputs"),
+        (
+            "* v_descale[b, h, n / block_n]",
+            "* v_descale[b, h, m / block_n]",
+            "may use the key index 'n' and batch indices only, not 'm'",
+        ),
+    ],
+)
+def test_spec_errors(old: str, new: str, error: str) -> None:
+    assert old in FP8
+    with pytest.raises(SpecError, match=error) as info:
+        attncc.compile(FP8.replace(old, new))
+    line = next(i for i, text in enumerate(FP8.splitlines(), 1) if old in text)
+    assert info.value.span.line == line
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"schedule": "naive"}, "cannot run naive: FP8 inputs run fused only"),
+        ({"schedule": "split_kv"}, "cannot run split_kv: FP8 inputs run fused only"),
+        ({"target": "cuda"}, "target cuda has no FP8 inputs or value scales yet"),
+    ],
+)
+def test_what_has_no_fp8_path_refuses(options: dict[str, str], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        attncc.compile(FP8, **options)  # type: ignore[arg-type]
+
+
+def test_call_errors_name_the_input() -> None:
+    kernel = compiled("fp8_block", "fused")
+    q = torch.randn(1, 1, 8, 16)
+    x = quantize(q, q, q, block=(128, 128))
+    with pytest.raises(TypeError, match=r"input 'q' is declared f8e4m3, got torch\.float32"):
+        kernel(q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
+    descale = x.q_descale.clone().requires_grad_()
+    with pytest.raises(Exception, match="FP8 inputs and value scales have no backward"):
+        kernel(x.q, x.k, x.v, descale, x.k_descale, x.v_descale)
+
+
+def test_attncc_check_runs_the_fp8_example(capsys: pytest.CaptureFixture[str]) -> None:
+    from attncc import cli
+
+    status = cli.main(["check", str(example_path("fp8_block")), "--trials", "2"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert out.count("float8_e4m3") == 2 and "2 passed, 0 failed" in out
+
+
+def test_check_sizes_descale_tables_for_any_drawn_block() -> None:
+    """`k_descale[b, h, n / block_n]`: check draws block_n in 1..N + 1, so the table needs N
+    entries (drawn at 1..64 regardless, a trial with block_n=1 read past it)."""
+    from attncc.checking import draw_sizes
+
+    kernel = compiled("fp8_block", "fused").ir
+    for seed in range(20):
+        sizes = draw_sizes(kernel, np.random.default_rng(seed), max_len=96)
+        assert sizes["MB"] >= sizes["M"] and sizes["NB"] >= sizes["N"], sizes
