@@ -60,9 +60,11 @@ class Backward:
         lse: torch.Tensor,
         dout: torch.Tensor,
         dlse: torch.Tensor,
+        config: dict[str, int] | None = None,
     ) -> list[torch.Tensor]:
         """The gradient of every float input (``self.floats`` order), in its dtype; ``dlse``
-        is the gradient of the log-sum-exp the forward wrote (batch axes, then rows)."""
+        is the gradient of the log-sum-exp the forward wrote (batch axes, then rows);
+        ``config`` (block_m, block_n, num_warps, num_stages) overrides the kernels' tiles."""
         sizes, dtype, device = host._check(tensors, params)
         params = host._param_defaults(sizes, dict(params))
         on_cpu = device.type == "cpu"
@@ -71,7 +73,7 @@ class Backward:
             programs_rows = (lse.shape[:-1].numel(), lse.shape[-1])
             flat_dlse = dlse.to(torch.float32).reshape(programs_rows).contiguous()
             dq, dk, dv, sides = module._backward(
-                tensors, params, out, lse, dout, flat_dlse, sizes, dtype, device
+                tensors, params, out, lse, dout, flat_dlse, sizes, dtype, device, **(config or {})
             )
         k = self.ir
         assert k.query_axis is not None
