@@ -593,6 +593,9 @@ class _Context:
                 "lse_permutation": list(plan.lse_permutation(k)),
             },
             "head_dim": k.head_axis.dim,
+            # Hopper's FP8 MMAs take a reduction of 32 elements at least (a 16-wide head
+            # tile failed to compile at D=16, H100); 16-bit ones take 16
+            "min_head_block": 32 if k.fp8 else 16,
             "value_dim": k.value_axis.dim,
             "tiling_rules": [
                 {
