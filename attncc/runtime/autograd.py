@@ -21,6 +21,7 @@ import torch
 
 from attncc.codegen import backward as codegen
 from attncc.ir import nodes as ir
+from attncc.ir.verify import indices_of
 from attncc.runtime.jit import interpreter, load_module, module_path
 from attncc.spec import ast
 from attncc.spec.check import dtype_type
@@ -181,7 +182,7 @@ class _Scatter:
         frame = [a.index for a in self.k.batch_axes] + list(inner)
         shape = [self.sizes[self.dims[i]] for i in frame]
         values = buffer.reshape(shape)
-        names = [sub.name if isinstance(sub, ir.Index) else None for sub in operand.indices]
+        values, names = self._grouped(values, frame, operand)
         if all(n in frame for n in names) and len(set(names)) == len(names):
             # each subscript a loop index of its own (q[b, h, m, d], slopes[h]): the gradient
             # is the buffer summed over the indices the input lacks, in its axis order. The
@@ -192,6 +193,7 @@ class _Scatter:
             kept = [i for i in frame if i in names]
             grads[operand.tensor] += summed.permute([kept.index(str(n)) for n in names])
             return
+        values = buffer.reshape(shape)
         grid = {}
         for axis, index in enumerate(frame):
             view = [1] * len(frame)
@@ -205,3 +207,37 @@ class _Scatter:
         ]
         where = list(torch.broadcast_tensors(*where, values))[:-1]  # type: ignore[no-untyped-call]
         grads[operand.tensor].index_put_(tuple(where), values, accumulate=True)
+
+    def _grouped(
+        self, values: torch.Tensor, frame: list[str], operand: ir.Operand
+    ) -> tuple[torch.Tensor, list[str | None]]:
+        """``values`` with each axis an operand reads divided by a size (GQA's k[b, h / G,
+        n, d]) summed over its groups, and the loop index each subscript reads plainly
+        (None where it reads anything else)."""
+        names: list[str | None] = []
+        for sub in operand.indices:
+            if isinstance(sub, ir.Index):
+                names.append(sub.name)
+                continue
+            grouped = (
+                isinstance(sub, ir.BinOp)
+                and sub.op == "/"
+                and isinstance(sub.left, ir.Index)
+                and sub.left.name in frame
+                and not indices_of(sub.right)
+            )
+            if not grouped:
+                names.append(None)
+                continue
+            assert isinstance(sub, ir.BinOp) and isinstance(sub.left, ir.Index)
+            index = sub.left
+            group = int(evaluate(sub.right, {}, self.sizes, self.params, self.tensors))
+            axis = frame.index(index.name)
+            size = values.shape[axis]
+            if group <= 0 or size % group:
+                names.append(None)
+                continue
+            split = (*values.shape[:axis], size // group, group, *values.shape[axis + 1 :])
+            values = values.reshape(split).sum(axis + 1)
+            names.append(index.name)
+        return values, names
