@@ -287,9 +287,10 @@ def test_reduced_gradient_floor_grows_with_its_terms() -> None:
     sqrt(9)."""
     from attncc.checking import check_backward
 
-    (trial,) = check_backward(compiled("alibi", "fused"), trials=1, max_len=48)
+    (trial,) = check_backward(compiled("alibi", "fused"), trials=1, max_len=48, device=DEVICE)
     assert trial.case.describe() == "B=1 H=1 M=9 N=1 D=96" and trial.case.dtype == torch.float32
-    assert trial.grads["slopes"].error > 1e-5  # above the one-term floor: the case is live
+    if DEVICE == "cpu":  # the numbers above are the interpreter's
+        assert trial.grads["slopes"].error > 1e-5  # above the one-term floor: the case is live
     assert trial.ok, attncc.checking.grad_table([trial])
 
 
