@@ -3,6 +3,8 @@ gradient reference, by flash-attn's rule (``attncc.tolerance.compare_grad``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.utils.checkpoint
@@ -17,6 +19,28 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
 )
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _assert_within_rule(
+    grads: dict[str, Any],
+    exact: dict[str, Any],
+    eager: dict[str, Any],
+    terms: dict[str, int],
+    given: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    case: str,
+) -> None:
+    """Every gradient in its input's dtype and within flash-attn's rule (compare_grad)."""
+    for tensor, grad in grads.items():
+        assert grad is not None and grad.dtype == given[tensor].dtype
+        verdict = compare_grad(
+            grad.double().cpu().numpy(),
+            exact[tensor].cpu().numpy(),
+            [e.cpu().numpy() for e in eager[tensor]],
+            DTYPE_NAMES[dtype],
+            terms.get(tensor, 1),
+        )
+        assert verdict.ok, (case, tensor, verdict)
 
 
 def inputs(name: str, dtype: torch.dtype, m: int = 37, n: int = 45) -> dict[str, torch.Tensor]:
@@ -65,16 +89,7 @@ def check(
     eager = eager_grads(spec, given, grad_out, params, dtype=dtype)
     terms = gradient_terms(spec, given, params)
     assert set(grads) == set(exact)
-    for tensor, grad in grads.items():
-        assert grad is not None and grad.dtype == given[tensor].dtype
-        verdict = compare_grad(
-            grad.double().cpu().numpy(),
-            exact[tensor].cpu().numpy(),
-            [e.cpu().numpy() for e in eager[tensor]],
-            DTYPE_NAMES[dtype],
-            terms.get(tensor, 1),
-        )
-        assert verdict.ok, (tensor, verdict)
+    _assert_within_rule(grads, exact, eager, terms, given, dtype, name)
 
 
 @pytest.mark.parametrize(
@@ -369,16 +384,7 @@ def test_side_input_gradient_is_reduced_over_the_indices_it_does_not_carry(
     terms = gradient_terms(text, given)
     assert set(grads) == {"q", "k", "v", "side"}
     assert float(exact["side"].abs().max()) > 0.1  # a live gradient, not a zero one
-    for tensor, grad in grads.items():
-        assert grad is not None and grad.dtype == given[tensor].dtype
-        verdict = compare_grad(
-            grad.double().cpu().numpy(),
-            exact[tensor].cpu().numpy(),
-            [e.cpu().numpy() for e in eager[tensor]],
-            DTYPE_NAMES[dtype],
-            terms.get(tensor, 1),
-        )
-        assert verdict.ok, (pattern, tensor, verdict)
+    _assert_within_rule(grads, exact, eager, terms, given, dtype, pattern)
 
 
 def test_relative_table_gradient_is_deterministic() -> None:
