@@ -367,3 +367,26 @@ def test_ab_variants_apply_to_the_host_module_else_the_kernel_source(tmp_path: P
     path.write_text(json.dumps({"bad": [["only old"]]}))
     with pytest.raises(SystemExit, match="variant 'bad' is not a list of"):
         ab.load_variants(str(path))
+
+
+def test_ab_keeps_a_source_the_host_module_patched() -> None:
+    """ab.py --target cuda: a replacement whose text the host module also holds (it embeds
+    the CUDA sources) patches the module's copy; only a replacement made to the kernel
+    source itself replaces it, else the variant would time the baseline."""
+    ab = _script("ab")
+
+    class Nvrtc:
+        @staticmethod
+        def source_key(source: str, headers: Any) -> str:
+            return f"key of {source}"
+
+    module = type("Host", (), {})()
+    module._CUDA_SOURCES = {"hopper": "patched in the host", "mma": "m"}
+    module._SOURCE_KEYS = {"hopper": "key of patched in the host", "mma": "key of m"}
+    module._CUDA_HEADERS = {}
+    module._nvrtc = Nvrtc
+    ab.use_family_source(module, "hopper", "original", "original")
+    assert module._CUDA_SOURCES["hopper"] == "patched in the host"
+    ab.use_family_source(module, "hopper", "original", "patched kernel source")
+    assert module._CUDA_SOURCES == {"hopper": "patched kernel source", "mma": "m"}
+    assert module._SOURCE_KEYS["hopper"] == "key of patched kernel source"
