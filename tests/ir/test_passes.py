@@ -305,6 +305,7 @@ MASK_PLANS = {
     "fused": ([], [], []),
     "bias": ([], [], []),
     "fp8_block": ([], [], []),
+    "relative_bias": ([], [], []),
     "sinks": ([("m + N - M - window + 1", 1)], [("m + N - M + 1", 1)], []),
 }
 
