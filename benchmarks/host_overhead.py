@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from calls import issue_us  # benchmarks/: the script's own folder is on sys.path
 
 import attncc
 from attncc.bench import Shape, bench_inputs, sizes_for
@@ -37,22 +38,6 @@ def wall_us(fn: Callable[[], Any], calls: int = 300) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - began) / calls * 1e6
-
-
-def issue_us(fn: Callable[[], Any], calls: int = 200) -> float:
-    """Host microseconds a call: ``calls`` repeated calls issued without synchronising (the GPU
-    queue absorbs them unless the kernels are slower than their launches), after a warm-up."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    cpu_began = time.process_time()
-    for _ in range(calls):
-        fn()
-    cpu = time.process_time() - cpu_began
-    wall = time.perf_counter() - began
-    torch.cuda.synchronize()
-    return min(wall, cpu) / calls * 1e6
 
 
 def graph_us(fn: Callable[[], Any], calls: int = 50) -> float:
@@ -112,8 +97,9 @@ def report(spec: str, shape_text: str) -> None:
     if os.environ.get("ISSUE_ONLY"):
         print(
             f"{kernel.name} [{kernel.target}] {shape_text} {dtype_name}: CPU "
-            f"{issue_us(lambda: kernel(*args)):.1f} us a call (200 unsynchronised calls, "
-            f"kernel(...)); GPU {graph_us(lambda: kernel(*args)):.1f} us a call; config {config}"
+            f"{issue_us(lambda: kernel(*args)):.1f} us a call (best of 5 batches of 200 "
+            f"unsynchronised calls, kernel(...)); GPU {graph_us(lambda: kernel(*args)):.1f} us "
+            f"a call; config {config}"
         )
         return
 

@@ -178,9 +178,7 @@ class Kernel:
             return self._host._forward(tensors, params, return_lse, None, fallback)  # type: ignore[no-any-return]
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
         key = Plans.key(tensors, params, return_lse, False, stream=False)
-        geometry: _Geometry | None = self._geometries.get(key)
-        if geometry is not None and geometry.precision != self._fp32_precision(geometry.dtype):
-            geometry = None  # TF32 allowed or refused since: the kernels' DOT_PRECISION changed
+        geometry = self._geometry(key)
         if geometry is not None and geometry.plan is not None:
             if on_cpu:
                 with interpreter(True):
@@ -212,6 +210,14 @@ class Kernel:
         with interpreter(on_cpu):
             return geometry.launch(module, tensors, return_lse)
 
+    def _geometry(self, key: tuple[Any, ...] | None) -> _Geometry | None:
+        """What an earlier call of this geometry decided, unless PyTorch's TF32 setting
+        changed since (the kernels' DOT_PRECISION with it)."""
+        geometry: _Geometry | None = self._geometries.get(key)
+        if geometry is not None and geometry.precision != self._fp32_precision(geometry.dtype):
+            return None
+        return geometry
+
     def _fp32_precision(self, dtype: torch.dtype) -> str | None:
         """How an fp32 call's kernels multiply (PyTorch's TF32 setting decides it, and no
         call geometry holds it); None for other dtypes."""
@@ -222,11 +228,10 @@ class Kernel:
         call of the same geometry): "replay" (a recorded launch plan, no checks or Triton
         launcher in the way), or "full: WHY"."""
         tensors, params = self._host._bind(args, kwargs)
-        key = Plans.key(tensors, params, return_lse, False, stream=False)
-        geometry: _Geometry | None = self._geometries.get(key)
         if self.target != "triton":
             return "full: the CUDA target keeps its own launch plans"
-        if geometry is None or geometry.precision != self._fp32_precision(geometry.dtype):
+        geometry = self._geometry(Plans.key(tensors, params, return_lse, False, stream=False))
+        if geometry is None:
             return "full: no call of this geometry yet"
         return "replay" if geometry.plan is not None else f"full: {geometry.refusal}"
 
