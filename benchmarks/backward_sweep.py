@@ -1,13 +1,20 @@
-"""Every backward tile configuration on one shape: the time of the backward kernels (both
-passes and the host work around them) per (block_m, block_n, num_warps, num_stages), and
-each configuration's largest gradient difference from the first's (they must agree).
+"""Backward tile configurations on one shape, each kernel's apart: the time of the backward
+(both kernels and the host work around them) per configuration, and each one's largest
+gradient difference from the baseline's (they must agree).
 
     python3 benchmarks/backward_sweep.py SPEC SHAPE [bf16|fp16]
+
+The two kernels run one after the other, so each is swept with the other at its default:
+the dkdv kernel's (block_m, block_n, num_warps, num_stages) in both orientations (keys-major
+[keys, rows] score tiles, the default; rows-major, P and dS transposed in registers), then
+the dq kernel's. The baseline is the former schedule (rows-major dkdv, both kernels at
+64x64, 4 warps, 2 stages); the last line times the best dkdv and dq configurations together.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 import triton.testing
@@ -15,12 +22,17 @@ import triton.testing
 import attncc
 from attncc.bench import Shape, bench_inputs, sizes_for
 
-CONFIGS = (
-    (64, 64, 4, 3),
+Config = tuple[int, int, int, int]
+DEFAULT: Config = (64, 64, 4, 2)
+# (block_m, block_n, num_warps, num_stages); FlexAttention's sm90 D=128 backward takes
+# 64x128 for its dK/dV part and 128x64 for its dQ part, 8 warps, 3 stages
+CONFIGS: tuple[Config, ...] = (
     (64, 64, 4, 2),
+    (64, 64, 4, 3),
     (64, 64, 8, 3),
     (128, 64, 8, 3),
     (64, 128, 8, 3),
+    (64, 128, 8, 2),
     (128, 128, 8, 2),
     (64, 128, 4, 3),
     (128, 64, 4, 3),
@@ -43,25 +55,52 @@ def main(argv: list[str]) -> int:
     out, lse = fallback._launch(tensors, params, True)
     dout, dlse = torch.randn_like(out), torch.zeros_like(lse)
     print(f"{kernel.name} {shape_text} {dtype} on {torch.cuda.get_device_name()}")
-    first: list[torch.Tensor] | None = None
-    for block_m, block_n, warps, stages in CONFIGS:
-        config = {"block_m": block_m, "block_n": block_n, "num_warps": warps,
-                  "num_stages": stages}  # fmt: skip
+    baseline: list[torch.Tensor] | None = None
 
-        def run(config: dict[str, int] = config) -> list[torch.Tensor]:
+    def time(label: str, config: dict[str, Any]) -> float | None:
+        nonlocal baseline
+
+        def run() -> list[torch.Tensor]:
             return backward.run(kernel._host, tensors, params, out, lse, dout, dlse, config)
 
         try:
             grads = run()
             ms = triton.testing.do_bench(run, return_mode="median")
         except Exception as err:  # a configuration that cannot compile (shared memory)
-            print(f"  {config}: {type(err).__name__}: {str(err)[:120]}")
-            continue
-        first = first or grads
-        pairs = zip(grads, first, strict=True)
+            print(f"  {label}: {type(err).__name__}: {str(err)[:120]}")
+            return None
+        baseline = baseline or grads
+        pairs = zip(grads, baseline, strict=True)
         diff = max(float((g.float() - f.float()).abs().max()) for g, f in pairs)
-        tiles = f"{block_m:>3} {block_n:>3} {warps} {stages}"
-        print(f"  {tiles}  {ms * 1e3:8.1f} us  max diff {diff:.2e}")
+        print(f"  {label:<44} {ms * 1e3:8.1f} us  max diff {diff:.2e}")
+        return float(ms)
+
+    def tiles(c: Config) -> str:
+        return f"{c[0]:>3}x{c[1]:<3} w{c[2]} s{c[3]}"
+
+    print("baseline: rows-major dkdv, both kernels at the former default")
+    time(f"dkdv rows  {tiles(DEFAULT)}  dq {tiles(DEFAULT)}",
+         {"dq_config": DEFAULT, "dkdv_config": DEFAULT, "dkdv_keys_major": False})  # fmt: skip
+    best: dict[str, tuple[float, Any]] = {}
+    print("dkdv kernel (dq at the default):")
+    for keys_major in (True, False):
+        for c in CONFIGS:
+            config = {"dq_config": DEFAULT, "dkdv_config": c, "dkdv_keys_major": keys_major}
+            layout = "keys" if keys_major else "rows"
+            ms = time(f"dkdv {layout}  {tiles(c)}", config)
+            if ms is not None and ms < best.get("dkdv", (float("inf"), None))[0]:
+                best["dkdv"] = (ms, (c, keys_major))
+    print("dq kernel (dkdv keys-major at the default):")
+    for c in CONFIGS:
+        ms = time(f"dq {tiles(c)}", {"dq_config": c, "dkdv_config": DEFAULT})
+        if ms is not None and ms < best.get("dq", (float("inf"), None))[0]:
+            best["dq"] = (ms, c)
+    if "dkdv" in best and "dq" in best:
+        (dkdv, keys_major), dq = best["dkdv"][1], best["dq"][1]
+        layout = "keys" if keys_major else "rows"
+        print("best of each, together:")
+        config = {"dq_config": dq, "dkdv_config": dkdv, "dkdv_keys_major": keys_major}
+        time(f"dkdv {layout}  {tiles(dkdv)}  dq {tiles(dq)}", config)
     return 0
 
 

@@ -160,28 +160,41 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
     args = plan.launch_args(k)
     o, lse = ctx.output()
 
-    # recomputed scores: s_0 the scaled product, s_i+1 = mod_i(s_i)
-    score_lines = ["s_0 = qk * qk_scale"]
-    for i, mod in enumerate(k.score_mods):
-        score_lines.append(f"s_{i + 1} = {cx.triton_expr(mod, replace(env, score=f's_{i}'))}")
-    last = f"s_{len(k.score_mods)}"
-    # the chain rule, last modification first: g is d(loss)/d(s_i+1) on entry
+    # recomputed scores: s_0 the scaled product, s_i+1 = mod_i(s_i), s2 the last in base 2
+    if k.score_mods:
+        score_lines = ["s_0 = qk * qk_scale"]
+        for i, mod in enumerate(k.score_mods):
+            score_lines.append(f"s_{i + 1} = {cx.triton_expr(mod, replace(env, score=f's_{i}'))}")
+        score_lines.append(f"s2 = s_{len(k.score_mods)} * {LOG2E!r}")
+    else:
+        # log2(e) folds into the scale: one multiply per score, as in the forward
+        score_lines = ["s2 = qk * qk_scale2"]
+    # the chain rule, last modification first: g is d(loss)/d(s_i+1) on entry. Masked
+    # tiles zero the terms of masked scores (a derivative may be inf or NaN there); tiles
+    # every score of which is live take the terms as they are (``chain_free``)
     chain_lines: list[str] = []
+    chain_free: list[str] = []
     side_index = {g.load: j for j, g in enumerate(sides)}
     for i, (d_score, d_loads) in reversed(list(enumerate(score_chain(k.score_mods)))):
         mod_env = replace(env, score=f"s_{i}")
         for load, d_load in d_loads.items():
             j = side_index[load]
-            term = f"tl.where(live, g * ({cx.triton_expr(d_load, mod_env)}), 0.0)"
-            chain_lines.append(f"side_{j} = side_{j} + {term}")
+            term = f"g * ({cx.triton_expr(d_load, mod_env)})"
+            chain_lines.append(f"side_{j} = side_{j} + tl.where(live, {term}, 0.0)")
+            chain_free.append(f"side_{j} = side_{j} + {term}")
         if d_score != ir.Const(1.0, "float"):
-            chain_lines.append(f"g = tl.where(live, g * ({cx.triton_expr(d_score, mod_env)}), 0.0)")
+            term = f"g * ({cx.triton_expr(d_score, mod_env)})"
+            chain_lines.append(f"g = tl.where(live, {term}, 0.0)")
+            chain_free.append(f"g = {term}")
     masks = [cx.triton_expr(m, env) for m in k.masks]
+    assert k.mask_plan is not None
+    residual = [cx.triton_expr(m, env) for m in k.mask_plan.residual]
     values = {
         "header": ctx.header(),
         "name": cx.safe_name(k.name),
         "dq_fn": f"_attncc_{cx.safe_name(k.name)}_bwd_dq",
         "dkdv_fn": f"_attncc_{cx.safe_name(k.name)}_bwd_dkdv",
+        "dkdv_rows_fn": f"_attncc_{cx.safe_name(k.name)}_bwd_dkdv_rows",
         "kernel_param_lines": plan.arg_lines(args, names),
         "launch_arg_lines": plan.arg_lines(args, host),
         "runtime_ints": ctx.runtime_ints(),
@@ -206,11 +219,13 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
         "lse": lse,
         "scale": cx.triton_expr(k.score_scale, env),
         "score_lines": score_lines,
-        "last_score": last,
         "log2e": repr(LOG2E),
         "mask_all": " & ".join(f"({m})" for m in masks) or "True",
+        # the masks the key bounds do not imply: they apply in the whole tiles too
+        "residual_mask": " & ".join(f"({m})" for m in residual) or None,
         "bounds": ctx.bounds(),
         "chain_lines": chain_lines,
+        "chain_free": chain_free,
         "sides": [
             {
                 "index": j,

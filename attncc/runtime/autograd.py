@@ -61,11 +61,12 @@ class Backward:
         lse: torch.Tensor,
         dout: torch.Tensor,
         dlse: torch.Tensor,
-        config: dict[str, int] | None = None,
+        config: dict[str, Any] | None = None,
     ) -> list[torch.Tensor]:
         """The gradient of every float input (``self.floats`` order), in its dtype; ``dlse``
         is the gradient of the log-sum-exp the forward wrote (batch axes, then rows);
-        ``config`` (block_m, block_n, num_warps, num_stages) overrides the kernels' tiles."""
+        ``config`` overrides the kernels' tiles (``dq_config``, ``dkdv_config``: (block_m,
+        block_n, num_warps, num_stages)) and picks the dkdv kernel (``dkdv_keys_major``)."""
         sizes, dtype, device = host._check(tensors, params)
         params = host._param_defaults(sizes, dict(params))
         on_cpu = device.type == "cpu"

@@ -75,15 +75,38 @@ def run(kernel: attncc.Kernel, given: dict[str, torch.Tensor], grad_out: torch.T
     return out, {name: t.grad for name, t in leaves.items() if t.is_floating_point()}
 
 
+def run_configured(
+    kernel: attncc.Kernel,
+    given: dict[str, torch.Tensor],
+    grad_out: torch.Tensor,
+    config: dict[str, Any],
+    params: dict[str, int],
+) -> dict[str, torch.Tensor]:
+    """The backward run directly with ``config`` (per-kernel tiles, the dkdv orientation)."""
+    backward = kernel._backward
+    assert not isinstance(backward, str)
+    out, lse = kernel._launch(dict(given), dict(params), True)
+    dlse = torch.zeros_like(lse)
+    grads = backward.run(kernel._host, dict(given), dict(params), out, lse, grad_out, dlse, config)
+    return dict(zip(backward.floats, grads, strict=True))
+
+
 def check(
-    name: str, dtype: torch.dtype, given: dict[str, torch.Tensor] | None = None, **params: int
+    name: str,
+    dtype: torch.dtype,
+    given: dict[str, torch.Tensor] | None = None,
+    config: dict[str, Any] | None = None,
+    **params: int,
 ) -> None:
     kernel = compiled(name, "fused")
     given = given or inputs(name, dtype)
     gen = torch.Generator().manual_seed(7)
     out_shape = given["q"].shape
     grad_out = torch.randn(out_shape, generator=gen).to(DEVICE, dtype)
-    _, grads = run(kernel, given, grad_out, **params)
+    if config is None:
+        _, grads = run(kernel, given, grad_out, **params)
+    else:
+        grads = run_configured(kernel, given, grad_out, config, params)  # type: ignore[assignment]
     spec = example_path(name)
     _, exact = reference_grads(spec, given, grad_out, params)
     eager = eager_grads(spec, given, grad_out, params, dtype=dtype)
@@ -115,6 +138,38 @@ def test_gradients_match_float64_reference(name: str) -> None:
 @pytest.mark.parametrize("name", ["softcap", "alibi", "relative_bias"])
 def test_bfloat16_gradients(name: str) -> None:
     check(name, torch.bfloat16)
+
+
+# several tiles a side, the last ragged: each kernel meets partial tiles before and after
+# its mask-free band of whole ones (causal at 77 rows: the dkdv kernel's key tile 0 walks
+# query tiles 0-31 masked, 32-63 whole, 64-76 masked again, its rows past the end)
+BAND_CONFIGS = {
+    "keys_major": {"dq_config": (32, 16, 4, 1), "dkdv_config": (16, 32, 4, 1)},
+    "rows_major": {
+        "dq_config": (16, 32, 4, 1),
+        "dkdv_config": (32, 16, 4, 1),
+        "dkdv_keys_major": False,
+    },
+}
+
+
+@pytest.mark.parametrize("layout", sorted(BAND_CONFIGS))
+@pytest.mark.parametrize(
+    "name", ["causal", "sliding_window", "alibi", "relative_bias", "document_mask", "prefix_lm"]
+)
+def test_gradients_with_per_kernel_tiles_and_mask_free_bands(name: str, layout: str) -> None:
+    params = {"window": 21} if name == "sliding_window" else {}
+    params = {"prefix": 20} if name == "prefix_lm" else params
+    given = inputs(name, torch.float32, m=77, n=77)
+    check(name, torch.float32, given, BAND_CONFIGS[layout], **params)
+
+
+def test_backward_tiles_must_be_powers_of_two() -> None:
+    given = inputs("causal", torch.float32)
+    grad_out = torch.randn(given["q"].shape).to(DEVICE)
+    config = {"dq_config": (48, 16, 4, 1)}
+    with pytest.raises(ValueError, match="powers of two, not 48"):
+        run_configured(compiled("causal", "fused"), given, grad_out, config, {})
 
 
 def test_document_mask_gradients_skip_dead_tiles_and_keep_live_ones() -> None:
