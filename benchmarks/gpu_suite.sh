@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -314,8 +314,18 @@ if has hf; then
     grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/hf_tests.log" | head -20
 fi
 
+if has varlen; then
+    # attncc.varlen (flash-attn's packed layout) against the document-mask kernel on the same
+    # data as [1, H, total, D] and Flex's document block mask (benchmarks/varlen_speed.py):
+    # random lengths of mean 128, 512 and 2048 packed to 16k tokens, H=16, D=128, bf16,
+    # causal and full; rows are appended as each case finishes
+    timeout "${VARLEN_TIMEOUT:-170}" python3 benchmarks/varlen_speed.py \
+        --json "$OUT/varlen_speed_$gpu.jsonl" 2>&1 | tee "$OUT/varlen_speed_$gpu.txt"
+fi
+
 echo "== summary"
 [ -f "$OUT/gpu_tests.log" ] && grep -hE "[0-9]+ (passed|failed)" "$OUT/gpu_tests.log"
 [ -f "$OUT/hf_e2e_$gpu.txt" ] && cat "$OUT/hf_e2e_$gpu.txt"
+[ -f "$OUT/varlen_speed_$gpu.txt" ] && grep -vE "^(\[|W[0-9])" "$OUT/varlen_speed_$gpu.txt"
 [ -f "$OUT/bench.log" ] && grep -vE "^(device|spec)" "$OUT/bench.log" | cut -c1-200
 exit 0
