@@ -166,6 +166,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--table", type=Path, default=None, help="print the table of a --json file and stop"
     )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after timing, torch.profiler tables (device time, then host time) of one "
+        "prefill and of 4 decode steps per implementation",
+    )
     args = ap.parse_args(argv)
     reference = REFERENCE.get(args.family)
     if args.tiny:
@@ -265,6 +271,37 @@ def table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def profile(model: Any, impl: str, prompt: torch.Tensor) -> None:
+    """torch.profiler's top operators of one prefill and of 4 decode steps: where an
+    implementation's time goes beyond its attention kernels (copies, masks, host work)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+    from transformers import DynamicCache
+
+    activities = [ProfilerActivity.CPU]
+    if prompt.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    device_time = "cuda_time_total" if prompt.device.type == "cuda" else "cpu_time_total"
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        for phase in ("prefill", "decode"):
+            cache = DynamicCache(config=model.config)
+            if phase == "decode":
+                model(prompt, cache=cache, use_cache=True, logits_to_keep=1)
+            sync(prompt.device)
+            with profiler(activities=activities) as prof:
+                if phase == "prefill":
+                    model(prompt, cache=cache, use_cache=True, logits_to_keep=1)
+                else:
+                    for _ in range(4):
+                        model(prompt[:, -1:], cache=cache, use_cache=True)
+                sync(prompt.device)
+            averages = prof.key_averages()
+            for order in (device_time, "self_cpu_time_total"):
+                print(f"== {impl} {phase}, by {order}")
+                print(averages.table(sort_by=order, row_limit=15, max_name_column_width=60))
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse(argv)
     if args.table is not None:
@@ -336,6 +373,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         if args.json is not None:
             with args.json.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+    if args.profile:
+        for row in rows:
+            if "error" not in row:
+                profile(model, row["impl"], prompt)
     return rows
 
 

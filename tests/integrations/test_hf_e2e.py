@@ -72,3 +72,14 @@ def test_a_refused_implementation_is_an_error_row(script: ModuleType, tmp_path: 
     assert rows[1]["reference"] == "attncc" and rows[1]["max_logit_diff_vs_first"] == 0
     assert "error: ValueError" in script.table(out).splitlines()[1]
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+
+
+def test_profile_prints_each_implementations_phases(
+    script: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script.main(["--tiny", "--profile"])
+    printed = capsys.readouterr().out
+    for impl in ("sdpa", "attncc"):
+        for phase in ("prefill", "decode"):
+            assert f"== {impl} {phase}, by self_cpu_time_total" in printed
+    assert "aten::" in printed
