@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -292,23 +292,40 @@ if has kernels; then
 fi
 
 if has hf; then
-    # transformers end to end (benchmarks/hf_e2e.py): a random 8-layer Llama-like model, bf16,
-    # prefill 2k tokens then 64 greedy steps, tokens/s for sdpa, attncc and flex_attention.
-    # The GPU machine has no transformers: its wheels travel in .whl (benchmarks/README.md).
+    # transformers end to end (benchmarks/hf_e2e.py): a random model of each family (llama,
+    # qwen2, mistral, gemma2, gemma3, gpt_oss; 0.4-0.7 B parameters, bf16), batch 1, prefill
+    # 2k tokens then 64 greedy steps, tokens/s for sdpa, attncc and flex_attention (eager
+    # first where sdpa cannot run the family). One process a family, HF_TIMEOUT s each (rows
+    # are appended as each implementation finishes, so a timeout keeps the earlier ones);
+    # HF_FAMILIES narrows the list. The GPU machine has no transformers: its wheels travel in
+    # .whl (benchmarks/README.md).
     if ! python3 -c "import transformers" 2>/dev/null; then
         python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
         export PYTHONPATH=/tmp/site:$PWD
     fi
-    for b in 1 8; do
-        timeout 500 python3 benchmarks/hf_e2e.py --batch $b --json "$OUT/hf_e2e_$gpu.jsonl" 2>&1 | tee -a "$OUT/hf_e2e_$gpu.log"
+    for family in ${HF_FAMILIES:-llama qwen2 mistral gemma2 gemma3 gpt_oss}; do
+        timeout "${HF_TIMEOUT:-65}" python3 benchmarks/hf_e2e.py --family "$family" --batch 1 \
+            --json "$OUT/hf_e2e_$gpu.jsonl" 2>&1 | tee -a "$OUT/hf_e2e_$gpu.log"
+        [ "${PIPESTATUS[0]}" = 124 ] && echo "$family: timed out after ${HF_TIMEOUT:-65} s" | tee -a "$OUT/hf_e2e_$gpu.log"
     done
+    python3 benchmarks/hf_e2e.py --table "$OUT/hf_e2e_$gpu.jsonl" | tee "$OUT/hf_e2e_$gpu.txt"
     # the attncc integration's own tests, here on the CPU of the GPU machine
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/integrations > "$OUT/hf_tests.log" 2>&1
     grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/hf_tests.log" | head -20
 fi
 
+if has varlen; then
+    # attncc.varlen (flash-attn's packed layout) against the document-mask kernel on the same
+    # data as [1, H, total, D] and Flex's document block mask (benchmarks/varlen_speed.py):
+    # random lengths of mean 128, 512 and 2048 packed to 16k tokens, H=16, D=128, bf16,
+    # causal and full; rows are appended as each case finishes
+    timeout "${VARLEN_TIMEOUT:-170}" python3 benchmarks/varlen_speed.py \
+        --json "$OUT/varlen_speed_$gpu.jsonl" 2>&1 | tee "$OUT/varlen_speed_$gpu.txt"
+fi
+
 echo "== summary"
 [ -f "$OUT/gpu_tests.log" ] && grep -hE "[0-9]+ (passed|failed)" "$OUT/gpu_tests.log"
-[ -f "$OUT/hf_e2e_$gpu.log" ] && grep -E "^device|tok/s|^ +(sdpa|attncc|flex_attention) " "$OUT/hf_e2e_$gpu.log"
+[ -f "$OUT/hf_e2e_$gpu.txt" ] && cat "$OUT/hf_e2e_$gpu.txt"
+[ -f "$OUT/varlen_speed_$gpu.txt" ] && grep -vE "^(\[|W[0-9])" "$OUT/varlen_speed_$gpu.txt"
 [ -f "$OUT/bench.log" ] && grep -vE "^(device|spec)" "$OUT/bench.log" | cut -c1-200
 exit 0

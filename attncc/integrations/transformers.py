@@ -19,7 +19,6 @@ transformers is imported here only, never by ``import attncc``.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +90,11 @@ SPEC_TABLE: dict[Features, str] = {
     Features("dense", sinks=True): "hf_dense_sinks",
     Features("bias", sinks=True): "hf_bias_sinks",
 }
+# SPEC_TABLE by (mask, window, softcap, padded, sinks): a tuple hashes and compares in a
+# fraction of the ~2 us that building and hashing a Features costs every layer of every call
+_SPEC_BY_FLAGS: dict[tuple[str, bool, bool, bool, bool], str] = {
+    (f.mask, f.window, f.softcap, f.padded, f.sinks): name for f, name in SPEC_TABLE.items()
+}
 
 
 @functools.cache
@@ -122,11 +126,19 @@ def _closure(fn: Any) -> dict[str, Any]:
 _WINDOW_OVERLAY = "sliding_window_overlay.<locals>.inner_mask"
 
 
+@functools.cache
+def _masking_utils() -> Any:
+    # imported on the first call (never by ``import attncc``), not on every call: a
+    # function-level import costs ~2 us, paid by each forward's mask
+    from transformers import masking_utils
+
+    return masking_utils
+
+
 def _pattern(mask_function: Any) -> tuple[bool, int | None] | None:
     """(causal, window) when ``mask_function`` is one of transformers' plain causal,
     bidirectional or sliding-window-causal functions, else None (run it densely)."""
-    from transformers import masking_utils as mu
-
+    mu = _masking_utils()
     if mask_function is mu.causal_mask_function:
         return True, None
     if mask_function is mu.bidirectional_mask_function:
@@ -157,8 +169,7 @@ def attention_mask(
 ) -> AttnccMask:
     """transformers' mask-interface function for ``"attncc"`` (see ``sdpa_mask`` for the
     arguments): the mask's pattern, offsets and key-padding mask, not a materialised mask."""
-    from transformers import masking_utils as mu
-
+    mu = _masking_utils()
     if isinstance(attention_mask, AttnccMask):
         return attention_mask  # built by generate() for this very step (see AttnccMask.ndim)
     # a static cache passes its query offset as a tensor so compiled graphs do not break
@@ -273,38 +284,36 @@ def attention_forward(
     mask = _mask_of(module, attention_mask, q_len, kv_len, sliding_window, is_causal)
     extras: dict[str, Any] = {}
     params: dict[str, Any] = {"scale": float(scaling) if scaling is not None else head_dim**-0.5}
+    window = padded = False
     if mask.dense is not None:
         dense = mask.dense.expand(batch, q_len, kv_len)
         if dense.dtype == torch.bool:
-            features = Features("dense")
+            kind = "dense"
             extras["allowed"] = dense
         else:
-            features = Features("bias")
+            kind = "bias"
             extras["bias"] = dense.to(query.dtype)
     else:
-        features = Features(
-            "causal" if mask.causal else "full",
-            window=mask.causal and mask.window is not None,
-            padded=mask.key_padding is not None,
-        )
-        if features.mask == "causal":
+        kind = "causal" if mask.causal else "full"
+        if mask.causal:
             params["offset"] = mask.offset
-        if features.window:
-            params["window"] = mask.window
-        if features.padded:
+            if mask.window is not None:
+                window = True
+                params["window"] = mask.window
+        if mask.key_padding is not None:
+            padded = True
             extras["kpm"] = mask.key_padding
     if softcap is not None:
-        features = dataclasses.replace(features, softcap=True)
         params["cap"] = float(softcap)
     if s_aux is not None:
-        features = dataclasses.replace(features, sinks=True)
         extras["sinks"] = s_aux
-    spec_name = SPEC_TABLE.get(features)
-    if spec_name is None and features.mask in ("causal", "full"):
+    spec_name = _SPEC_BY_FLAGS.get((kind, window, softcap is not None, padded, s_aux is not None))
+    if spec_name is None and kind in ("causal", "full"):
         # a combination no spec states: the same mask, materialised
         dense = _dense_from_flags(mask, batch, q_len, kv_len, query.device)
-        features = Features("dense", softcap=features.softcap, sinks=features.sinks)
-        spec_name = SPEC_TABLE.get(features)
+        spec_name = SPEC_TABLE.get(
+            Features("dense", softcap=softcap is not None, sinks=s_aux is not None)
+        )
         extras = {"allowed": dense, **({"sinks": s_aux} if s_aux is not None else {})}
         params = {k: params[k] for k in ("scale", "cap") if k in params}
     if spec_name is None:
@@ -312,5 +321,7 @@ def attention_forward(
             "attncc: logit soft-capping together with attention sinks (s_aux) has no attncc "
             "spec; run this model with attn_implementation='eager'"
         )
-    out = kernel(spec_name)(q=query, k=key, v=value, **extras, **params)
+    # q, k and v by position: every hf_* spec declares them first, and a keyword costs
+    # the generated _bind a lookup each
+    out = kernel(spec_name)(query, key, value, **extras, **params)
     return out, None

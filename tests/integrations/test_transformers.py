@@ -29,6 +29,7 @@ from transformers import (
 )
 
 from attncc.integrations import transformers as attncc_hf
+from attncc.spec import load
 
 SIZES = dict(
     hidden_size=64,
@@ -330,6 +331,13 @@ def test_specs_compile_once_per_process() -> None:
     assert attncc_hf.kernel("hf_causal") is attncc_hf.kernel("hf_causal")
     for name in attncc_hf.SPEC_TABLE.values():
         assert (attncc_hf.SPECS / f"{name}.attn").is_file()
+
+
+def test_every_spec_declares_q_k_v_first() -> None:
+    """attention_forward passes query, key and value by position."""
+    for name in attncc_hf.SPEC_TABLE.values():
+        spec = load(attncc_hf.SPECS / f"{name}.attn")
+        assert tuple(spec.inputs)[:3] == ("q", "k", "v"), name
 
 
 def test_register_is_idempotent() -> None:
