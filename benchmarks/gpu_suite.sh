@@ -309,9 +309,8 @@ if has hf; then
         [ "${PIPESTATUS[0]}" = 124 ] && echo "$family: timed out after ${HF_TIMEOUT:-65} s" | tee -a "$OUT/hf_e2e_$gpu.log"
     done
     python3 benchmarks/hf_e2e.py --table "$OUT/hf_e2e_$gpu.jsonl" | tee "$OUT/hf_e2e_$gpu.txt"
-    # the attncc integration's own tests, here on the CPU of the GPU machine
-    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/integrations > "$OUT/hf_tests.log" 2>&1
-    grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/hf_tests.log" | head -20
+    # the integration's own tests run on the CPU in `make test`: not here, where numpy is
+    # too new for Triton 3.6's interpreter (../shared/DEVICE.md)
 fi
 
 if has varlen; then

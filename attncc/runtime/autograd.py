@@ -71,24 +71,39 @@ class Backward:
         params = host._param_defaults(sizes, dict(params))
         on_cpu = device.type == "cpu"
         module = self.module(on_cpu)
-        with interpreter(on_cpu):
-            programs_rows = (lse.shape[:-1].numel(), lse.shape[-1])
-            flat_dlse = dlse.to(torch.float32).reshape(programs_rows).contiguous()
-            dq, dk, dv, sides = module._backward(
-                tensors, params, out, lse, dout, flat_dlse, sizes, dtype, device, **(config or {})
-            )
         k = self.ir
         assert k.query_axis is not None
         rows, keys = k.query_axis.index, k.key_axis.index
         head, value = k.head_axis.index, k.value_axis.index
-        grads: dict[str, torch.Tensor] = {
-            name: torch.zeros(tensors[name].shape, dtype=torch.float32, device=device)
-            for name in self.floats
-        }
-        scatter = _Scatter(k, sizes, params, tensors)
-        scatter.add(grads, k.query, dq, (rows, head))
-        scatter.add(grads, k.key, dk, (keys, head))
-        scatter.add(grads, k.value, dv, (keys, value))
+        reads = [k.query.tensor, k.key.tensor, k.value.tensor]
+        reads += [s.load.tensor for s in self.sides] + [s.load.tensor for s in self.sink_grads]
+        scatter = _Scatter(k, sizes, params, tensors, self.floats, reads)
+        operands = ((k.query, (rows, head)), (k.key, (keys, head)), (k.value, (keys, value)))
+        # a buffer that is its input's whole gradient, untouched but for a permutation, is
+        # written in the input's dtype by the kernels (no float32 copy and conversion)
+        grad_dtypes = tuple(
+            tensors[o.tensor].dtype if scatter.whole(o, inner) else torch.float32
+            for o, inner in operands
+        )
+        with interpreter(on_cpu):
+            programs_rows = (lse.shape[:-1].numel(), lse.shape[-1])
+            flat_dlse = dlse.to(torch.float32).reshape(programs_rows).contiguous()
+            dq, dk, dv, sides = module._backward(
+                tensors,
+                params,
+                out,
+                lse,
+                dout,
+                flat_dlse,
+                sizes,
+                dtype,
+                device,
+                **(config or {}),
+                grad_dtypes=grad_dtypes,
+            )
+        grads: dict[str, torch.Tensor] = {}
+        for (operand, inner), buffer in zip(operands, (dq, dk, dv), strict=True):
+            scatter.add(grads, operand, buffer, inner)
         for side, buffer in zip(self.sides, sides, strict=True):
             operand = ir.Operand(side.load.tensor, side.load.indices)
             if side.carries == "rows_keys":
@@ -105,7 +120,12 @@ class Backward:
                 factor = self._per_program(sink.derivative, sizes, params, tensors, device)
                 operand = ir.Operand(sink.load.tensor, sink.load.indices)
                 scatter.add(grads, operand, d_sink * factor, ())
-        return [grads[name].to(tensors[name].dtype) for name in self.floats]
+        return [
+            grads[name].to(tensors[name].dtype)
+            if name in grads
+            else torch.zeros_like(tensors[name])
+            for name in self.floats
+        ]
 
     def _per_program(
         self,
@@ -165,9 +185,26 @@ class _Scatter:
         sizes: Mapping[str, int],
         params: Mapping[str, Any],
         tensors: Mapping[str, torch.Tensor],
+        floats: tuple[str, ...],
+        reads: list[str],
     ) -> None:
         self.k, self.sizes, self.params, self.tensors = kernel, sizes, params, tensors
+        self.floats = floats
         self.dims = {a.index: a.dim for a in kernel.axes}
+        # how many operands (q, k, v, side inputs, sinks) each input's gradient sums
+        self.contributions = {name: reads.count(name) for name in floats}
+
+    def whole(self, operand: ir.Operand, inner: tuple[str, ...]) -> bool:
+        """Whether ``operand``'s buffer ([batch programs, *inner]) is its tensor's whole
+        gradient as it stands, a permutation away: the only read of the tensor, each
+        subscript a loop index of its own, none summed over or grouped."""
+        if self.contributions.get(operand.tensor) != 1:
+            return False
+        frame = [a.index for a in self.k.batch_axes] + list(inner)
+        names = [sub.name if isinstance(sub, ir.Index) else None for sub in operand.indices]
+        return sorted(n for n in names if n is not None) == sorted(frame) and len(names) == len(
+            frame
+        )
 
     def add(
         self,
@@ -178,7 +215,7 @@ class _Scatter:
     ) -> None:
         """Add ``buffer`` ([batch programs, *inner]) into the gradient of ``operand``'s tensor,
         at the elements its subscripts read."""
-        if operand.tensor not in grads:
+        if operand.tensor not in self.floats:
             return
         frame = [a.index for a in self.k.batch_axes] + list(inner)
         shape = [self.sizes[self.dims[i]] for i in frame]
@@ -192,7 +229,11 @@ class _Scatter:
             lacking = [axis for axis, i in enumerate(frame) if i not in names]
             summed = grouped.sum(dim=lacking) if lacking else grouped
             kept = [i for i in frame if i in names]
-            grads[operand.tensor] += summed.permute([kept.index(str(n)) for n in names])
+            gradient = summed.permute([kept.index(str(n)) for n in names])
+            if operand.tensor in grads:
+                grads[operand.tensor] = grads[operand.tensor] + gradient
+            else:
+                grads[operand.tensor] = gradient
             return
         grid = {}
         for axis, index in enumerate(frame):
@@ -206,7 +247,13 @@ class _Scatter:
             for sub in operand.indices
         ]
         where = list(torch.broadcast_tensors(*where, values))[:-1]  # type: ignore[no-untyped-call]
-        grads[operand.tensor].index_put_(tuple(where), values, accumulate=True)
+        target = self.tensors[operand.tensor]
+        base = grads.get(operand.tensor)
+        if base is None:
+            base = torch.zeros(target.shape, dtype=torch.float32, device=buffer.device)
+        else:  # a copy: the sum so far may be a view of a kernel's buffer
+            base = base.to(torch.float32, copy=True)
+        grads[operand.tensor] = base.index_put_(tuple(where), values, accumulate=True)
 
     def _grouped(
         self, values: torch.Tensor, frame: list[str], operand: ir.Operand

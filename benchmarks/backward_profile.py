@@ -1,0 +1,69 @@
+"""Where a backward's GPU time goes: attncc's backward of a spec on one shape, and Flex's
+backward of the same spec, under torch.profiler, one table of CUDA kernels each (time per
+call, calls, share), so a kernel or a copy that should not be there shows at once.
+
+    python3 benchmarks/backward_profile.py SPEC "B,H:KVH,S,D" [bf16|fp16]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import attncc
+from attncc.bench import Shape, bench_inputs, sizes_for
+
+REPS = 5
+
+
+def kernel_table(label: str, step: Callable[[], None]) -> None:
+    for _ in range(2):  # compile and warm outside the profile
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPS):
+            step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(e.device_time_total for e in events) or 1.0
+    print(f"{label}: {total / REPS:.1f} us of GPU time a backward")
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:12]:
+        share = 100 * e.device_time_total / total
+        per = e.device_time_total / REPS
+        print(f"  {per:9.1f} us  {e.count // REPS:3d} calls  {share:5.1f}%  {e.key[:90]}")
+
+
+def main(argv: list[str]) -> None:
+    spec, shape_text = argv[0], argv[1]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[argv[2] if len(argv) > 2 else "bf16"]
+    kernel = attncc.compile(spec)
+    sizes = sizes_for(kernel.ir, Shape.parse(shape_text))
+    inputs = bench_inputs(kernel.ir, sizes, dtype, documents=4)
+    floats = [n for n in kernel.input_names if inputs[n].is_floating_point()]
+    for name in floats:
+        inputs[name].requires_grad_(True)
+    args = [inputs[name] for name in kernel.input_names]
+    out = kernel(*args)
+    grad = torch.randn_like(out)
+    leaves = [inputs[n] for n in floats]
+    kernel_table(
+        f"attncc {spec}", lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True)
+    )
+    from attncc.bench import anchor_runners
+
+    params = kernel.param_defaults(sizes)
+    runners = anchor_runners(kernel.ir, inputs, sizes, params, ["flex"], 0.5)
+    flex = runners.get("flex")
+    if flex is None:
+        print("flex: no anchor for this spec")
+        return
+    with torch.enable_grad():
+        flex_out = flex()
+    kernel_table("flex", lambda: torch.autograd.grad(flex_out, leaves[:3], grad, retain_graph=True))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
