@@ -19,6 +19,14 @@ that visits them compare on the work that matters. The outputs must agree (bf16 
 
     python3 benchmarks/varlen_speed.py [--means 128,512,2048] [--total 16384] [--heads 16]
                                        [--head-dim 128] [--rounds 3] [--json FILE]
+
+``--tiles`` runs on the CPU instead and prints, per case, how many (query tile, key tile)
+pairs each kernel's tile index lists and how many of those run masked (partial), for the
+tile sizes of ``--blocks`` (the GPU's time follows these counts): varlen with one offset
+table (``cu_seqlens_q is cu_seqlens_k``), varlen with two (equal values, different tensors)
+and the document-mask kernel. The builders run in the Triton interpreter.
+
+    python3 benchmarks/varlen_speed.py --tiles [--means 512] [--total 4096] [--blocks 64x64]
 """
 
 from __future__ import annotations
@@ -70,7 +78,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="append one JSON line per case")
+    ap.add_argument(
+        "--tiles", action="store_true", help="count the listed and masked tiles (CPU) instead"
+    )
+    ap.add_argument("--blocks", default="64x64", help="--tiles: BLOCK_MxBLOCK_N, comma-separated")
     args = ap.parse_args(argv)
+    try:
+        args.blocks = [tuple(int(x) for x in b.split("x")) for b in args.blocks.split(",")]
+    except ValueError:
+        ap.error(f"--blocks: {args.blocks!r} is not like 64x64,128x64")
+    if any(len(b) != 2 or min(b) < 16 or max(b) & (max(b) - 1) for b in args.blocks):
+        ap.error(f"--blocks: {args.blocks} are not pairs of powers of 2 >= 16")
     args.means = [int(m) for m in args.means.split(",")]
     args.masks = args.masks.split(",")
     args.impls = args.impls.split(",")
@@ -165,6 +183,86 @@ def flex_runner(
     return lambda: compiled(q, k, v, block_mask=block_mask, scale=scale)[0].transpose(0, 1)
 
 
+TILE_IMPLS = ("varlen", "varlen, two tables", "docmask")
+
+
+def tile_counts(
+    lengths: list[int], causal: bool, block_m: int, block_n: int
+) -> dict[str, tuple[int, int]]:
+    """Per kernel of ``TILE_IMPLS``: (listed tiles, partial tiles) of its tile index over
+    every query tile, for sequences of ``lengths`` packed, built on the CPU."""
+    import attncc
+    from attncc.runtime.jit import interpreter
+    from attncc.varlen import _sequence_ids
+
+    total, heads, dim = sum(lengths), 1, 16  # the index reads neither heads nor head dim
+    q, k, v = (torch.zeros(total, heads, dim) for _ in range(3))
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
+    seq = _sequence_ids(cu, total)
+    spec = EXAMPLES / ("causal.attn" if causal else "fused.attn")
+    packed = attncc.varlen(spec, target="triton")
+    docmask = attncc.compile(
+        EXAMPLES / "document_mask.attn" if causal else DOCUMENT_FULL,  # type: ignore[arg-type]
+        target="triton",
+    )
+    cases = {
+        "varlen": (packed.same_packing_kernel, {"seq_q": seq, "cu_seqlens_q": cu}),
+        "varlen, two tables": (
+            packed.kernel,
+            {"seq_q": seq, "seq_k": seq, "cu_seqlens_q": cu, "cu_seqlens_k": cu.clone()},
+        ),
+        "docmask": (docmask, {"doc": seq[None]}),
+    }
+    counts: dict[str, tuple[int, int]] = {}
+    for impl, (kernel, tables) in cases.items():
+        if impl == "docmask":
+            inputs = {"q": q.transpose(0, 1)[None], "k": k.transpose(0, 1)[None]}
+            inputs["v"] = v.transpose(0, 1)[None]
+        else:
+            inputs = {"q": q, "k": k, "v": v}
+        inputs.update(tables)
+        module = kernel.module(interpreted=True)
+        sizes, dtype, device = module._check(inputs, {})
+        params = module._param_defaults(sizes, {})
+        out, lse = module._allocate(sizes, dtype, device, False)
+        query_tiles = -(-total // block_m)
+        with interpreter(True):
+            _, listed, _ = module._tile_index(
+                inputs, params, sizes, out, lse, query_tiles, block_m, block_n
+            )
+        partial, full = int(listed[0].sum()), int(listed[1].sum())
+        counts[impl] = (partial + full, partial)
+    return counts
+
+
+def print_tile_counts(args: argparse.Namespace) -> list[dict[str, Any]]:
+    generator = torch.Generator().manual_seed(args.seed)
+    print(
+        f"tile index counts (CPU), total {args.total} tokens; per kernel: listed tiles / "
+        "partial (masked) tiles"
+    )
+    print(
+        f"{'mean':>5} {'mask':>6} {'seqs':>5} {'blocks':>8} "
+        + " ".join(f"{impl:>20}" for impl in TILE_IMPLS)
+    )
+    rows = []
+    for mean in args.means:
+        for mask in args.masks:
+            lengths = sequence_lengths(mean, args.total, generator)
+            for block_m, block_n in args.blocks:
+                counts = tile_counts(lengths, mask == "causal", block_m, block_n)
+                cells = [f"{c[0]:>10} / {c[1]:>7}" for c in counts.values()]
+                print(
+                    f"{mean:>5} {mask:>6} {len(lengths):>5} {f'{block_m}x{block_n}':>8} "
+                    + " ".join(cells)
+                )
+                rows.append(
+                    {"mean": mean, "mask": mask, "blocks": [block_m, block_n], "counts": counts}
+                )
+    return rows
+
+
 def one_case(
     args: argparse.Namespace, mean: int, causal: bool, generator: torch.Generator
 ) -> dict[str, Any]:
@@ -232,6 +330,8 @@ def table_line(row: dict[str, Any], impls: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse(argv)
+    if args.tiles:
+        return print_tile_counts(args)
     if not torch.cuda.is_available():
         raise SystemExit("varlen_speed.py times GPU kernels: no CUDA device here")
     generator = torch.Generator().manual_seed(args.seed)

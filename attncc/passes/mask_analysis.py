@@ -8,6 +8,12 @@ interval without any mask arithmetic. Masks that are no interval (document ids) 
 per-element ``residual`` masks; those comparing a per-row value with a per-key value
 (``doc[b, m] == doc[b, n]``) also let whole tiles be skipped when the tile's row values and
 key values cannot meet.
+
+Such an equality between a row value and a key value also makes terms equal: where
+``seq[m] == seq[n]`` holds, ``start[seq[m]]`` is ``start[seq[n]]``. So a comparison whose
+non-linear terms cancel that way (``m - start[seq[m]] >= n - start[seq[n]]``, causality in
+sequence-local positions of packed sequences) is the interval ``n <= m`` wherever the
+equality holds, and the equality, a mask of its own, masks every other pair.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ class _Linear:
 
 
 def _linearize(expr: ir.Expr, variables: set[str]) -> _Linear | None:
-    """A linear form of ``expr`` in ``variables``, or None when it is not linear in them."""
+    """A linear form of ``expr`` in ``variables``, or None when it is not an integer sum.
+    Integer terms that are not linear in ``variables`` (``start[seq[m]]``) are kept as terms
+    for ``_cancel``; a form with such a term left is no bound."""
     if not indices_of(expr) & variables:
         return _Linear({}, ((1, expr),)) if expr.type == "int" else None
     match expr:
@@ -60,7 +68,76 @@ def _linearize(expr: ir.Expr, variables: set[str]) -> _Linear | None:
             inner = _linearize(x, variables)
             return inner.scaled(c) if inner else None
         case _:
-            return None
+            return _Linear({}, ((1, expr),)) if expr.type == "int" else None
+
+
+# An equality of a row value with a key value, ``row == key``: (row side, key side)
+Equality = tuple[ir.Expr, ir.Expr]
+_SAME = ir.Index("=")  # stands for the value both sides of an equality share (no real index)
+
+
+def _replace(expr: ir.Expr, old: ir.Expr, new: ir.Expr) -> ir.Expr:
+    """``expr`` with every occurrence of the subexpression ``old`` replaced by ``new``."""
+    if expr == old:
+        return new
+    match expr:
+        case ir.Load(indices=children):
+            return replace(expr, indices=tuple(_replace(c, old, new) for c in children))
+        case ir.Call(args=children):
+            return replace(expr, args=tuple(_replace(c, old, new) for c in children))
+        case ir.Unary(operand=x):
+            return replace(expr, operand=_replace(x, old, new))
+        case ir.BinOp(left=a, right=b):
+            return replace(expr, left=_replace(a, old, new), right=_replace(b, old, new))
+        case _:
+            return expr
+
+
+def _equal_under(
+    row_term: ir.Expr, key_term: ir.Expr, equalities: tuple[Equality, ...], key: str, query: str
+) -> bool:
+    """Whether ``row_term`` (reading the query index) equals ``key_term`` (reading the key
+    index) wherever one of ``equalities`` holds: both are one function of the two sides."""
+    for row, key_side in equalities:
+        a, b = _replace(row_term, row, _SAME), _replace(key_term, key_side, _SAME)
+        if a == b and not indices_of(a) & {key, query}:
+            return True
+    return False
+
+
+def _cancel(
+    form: _Linear, equalities: tuple[Equality, ...], key: str, query: str | None
+) -> _Linear | None:
+    """``form`` without the terms that read the key or query index: equal terms of opposite
+    signs cancel, and so do a row term and a key term equal under an equality; None when
+    such a term is left."""
+    variables = {key} | ({query} if query else set())
+    if not any(indices_of(t) & variables for _, t in form.terms):
+        return form  # the common case, kept as it was written
+    terms: list[ir.Expr] = []  # distinct terms, and the sum of each one's signs
+    signs: list[int] = []
+    for sign, term in form.terms:
+        if term in terms:
+            signs[terms.index(term)] += sign
+        else:
+            terms.append(term)
+            signs.append(sign)
+    reads = [indices_of(t) & variables for t in terms]
+    for i in range(len(terms)):
+        for j in range(len(terms)):
+            if (
+                query is not None
+                and signs[i] * signs[j] < 0
+                and reads[i] == {query}
+                and reads[j] == {key}
+                and _equal_under(terms[i], terms[j], equalities, key, query)
+            ):
+                both = min(abs(signs[i]), abs(signs[j]))
+                signs[i] -= both if signs[i] > 0 else -both
+                signs[j] -= both if signs[j] > 0 else -both
+    if any(s and r for s, r in zip(signs, reads, strict=True)):
+        return None
+    return _Linear(form.coeffs, tuple((s, t) for s, t in zip(signs, terms, strict=True) if s))
 
 
 def _sum(terms: list[tuple[int, ir.Expr]]) -> ir.Expr:
@@ -81,12 +158,16 @@ class _Interval:
     upper: tuple[ir.KeyBound, ...]
 
 
-def _compare_interval(mask: ir.BinOp, key: str, query: str | None) -> _Interval | None:
+def _compare_interval(
+    mask: ir.BinOp, key: str, query: str | None, equalities: tuple[Equality, ...]
+) -> _Interval | None:
     variables = {key} | ({query} if query else set())
     left, right = _linearize(mask.left, variables), _linearize(mask.right, variables)
     if left is None or right is None:
         return None
-    form = left.plus(right.scaled(-1))  # mask is: form <op> 0
+    form = _cancel(left.plus(right.scaled(-1)), equalities, key, query)  # form <op> 0
+    if form is None:
+        return None
     key_coeff = form.coeffs.get(key, 0)
     if key_coeff not in (1, -1) or set(form.coeffs) - variables:
         return None
@@ -133,15 +214,18 @@ def _combine(bounds: tuple[ir.KeyBound, ...], func: str) -> ir.KeyBound | None:
     return ir.KeyBound(expr, slopes.pop() if slopes else 0)
 
 
-def _interval(mask: ir.Expr, key: str, query: str | None) -> _Interval | None:
+def _interval(
+    mask: ir.Expr, key: str, query: str | None, equalities: tuple[Equality, ...] = ()
+) -> _Interval | None:
+    """The key interval of ``mask``, exact wherever ``equalities`` hold (None: no interval)."""
     match mask:
         case ir.BinOp(op="and", left=a, right=b):
-            ia, ib = _interval(a, key, query), _interval(b, key, query)
+            ia, ib = _interval(a, key, query, equalities), _interval(b, key, query, equalities)
             if ia is None or ib is None:
                 return None
             return _Interval(ia.lower + ib.lower, ia.upper + ib.upper)
         case ir.BinOp(op="or", left=a, right=b):
-            ia, ib = _interval(a, key, query), _interval(b, key, query)
+            ia, ib = _interval(a, key, query, equalities), _interval(b, key, query, equalities)
             if ia is None or ib is None:
                 return None
             # A union of intervals is an interval when both start at 0 (or both end at N).
@@ -155,7 +239,7 @@ def _interval(mask: ir.Expr, key: str, query: str | None) -> _Interval | None:
                 return _Interval((joined,), ()) if joined else None
             return None
         case ir.BinOp(op="<" | "<=" | ">" | ">=" | "==") if key in indices_of(mask):
-            return _compare_interval(mask, key, query)
+            return _compare_interval(mask, key, query, equalities)
         case _:
             return None
 
@@ -163,8 +247,13 @@ def _interval(mask: ir.Expr, key: str, query: str | None) -> _Interval | None:
 @dataclass(frozen=True)
 class MaskAnalysis:
     """Before: ``mask_plan`` is None. After: every mask is either folded into the key
-    interval of ``mask_plan`` or listed in its ``residual``; the interval is exact (a key is
-    in it iff the folded masks hold). Bounds depend on the query index and batch values only.
+    interval of ``mask_plan`` or listed in its ``residual``; the interval is exact where the
+    residual masks hold (a key is in it iff the folded masks hold; a folded mask may rely on
+    a residual equality, see the module docstring). Bounds depend on the query index and
+    batch values only. A mask that is an interval only by such an equality is replaced in
+    ``masks`` by its interval's comparisons (``n < m + 1``), which partial tiles then test
+    instead of its loads (every mask is then one conjunct); the masks' conjunction is the
+    same.
     """
 
     name: str = "mask-analysis"
@@ -175,19 +264,39 @@ class MaskAnalysis:
         lower: list[ir.KeyBound] = []
         upper: list[ir.KeyBound] = []
         residual: list[ir.Expr] = []
-        for mask in kernel.masks:
-            interval = _interval(mask, key, query)
-            if interval is None:
-                residual.extend(_split_and(mask, key, query, lower, upper))
-            else:
-                lower.extend(interval.lower)
-                upper.extend(interval.upper)
+        conjuncts = [c for mask in kernel.masks for c in _conjuncts(mask)]
         batch = {a.index for a in kernel.batch_axes}
+        # row == key equalities, each a mask of its own that the others may rely on
+        equalities = [_equality(c, batch, key, query) for c in conjuncts]
+        masks = list(conjuncts)
+        for i, mask in enumerate(conjuncts):
+            others = tuple(e for j, e in enumerate(equalities) if e is not None and j != i)
+            interval = _interval(mask, key, query, others)
+            if interval is None:
+                residual.append(mask)
+                continue
+            lower.extend(interval.lower)
+            upper.extend(interval.upper)
+            if others and _interval(mask, key, query) is None:
+                masks[i] = _interval_mask(interval, key)
         separable = [
             s for s in (_separable(m, batch, key, query) for m in residual) if s is not None
         ]
         plan = ir.MaskPlan(tuple(lower), tuple(upper), tuple(residual), tuple(separable))
+        if masks != conjuncts:
+            return replace(kernel, masks=tuple(masks), mask_plan=plan)
         return replace(kernel, mask_plan=plan)
+
+
+def _interval_mask(interval: _Interval, key: str) -> ir.Expr:
+    """``interval`` as a mask: ``n >= lower and n < upper`` for each of its bounds."""
+    n = ir.Index(key)
+    tests = [ir.BinOp(">=", n, b.expr, "bool") for b in interval.lower]
+    tests += [ir.BinOp("<", n, b.expr, "bool") for b in interval.upper]
+    result = tests[0]
+    for test in tests[1:]:
+        result = ir.BinOp("and", result, test, "bool")
+    return result
 
 
 def _separable(
@@ -205,21 +314,16 @@ def _separable(
     return None
 
 
-def _split_and(
-    mask: ir.Expr,
-    key: str,
-    query: str | None,
-    lower: list[ir.KeyBound],
-    upper: list[ir.KeyBound],
-) -> list[ir.Expr]:
-    """Fold the interval conjuncts of an ``and`` chain; return the others as residual."""
+def _conjuncts(mask: ir.Expr) -> list[ir.Expr]:
+    """The terms of an ``and`` chain, in order (a mask that is no ``and``: itself)."""
     if isinstance(mask, ir.BinOp) and mask.op == "and":
-        return _split_and(mask.left, key, query, lower, upper) + _split_and(
-            mask.right, key, query, lower, upper
-        )
-    interval = _interval(mask, key, query)
-    if interval is None:
-        return [mask]
-    lower.extend(interval.lower)
-    upper.extend(interval.upper)
-    return []
+        return _conjuncts(mask.left) + _conjuncts(mask.right)
+    return [mask]
+
+
+def _equality(mask: ir.Expr, batch: set[str], key: str, query: str | None) -> Equality | None:
+    """``(row, key side)`` of an integer mask ``row == key side`` (either way round)."""
+    sep = _separable(mask, batch, key, query)
+    if sep is None or sep.op != "==" or sep.row.type != "int" or sep.key.type != "int":
+        return None
+    return sep.row, sep.key

@@ -9,8 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import attncc
+from attncc.ir import expr_str
 from attncc.ir import nodes as ir
 from attncc.reference import reference
 from attncc.varlen import VarlenKernel, varlen, varlen_source
@@ -226,3 +229,85 @@ def test_bad_seqused_k_is_one_clear_error() -> None:
         ValueError, match=r"within each sequence's key slots \[8, 8\], got \[3, 9\]"
     ):
         kernel(*args, seqused_k=torch.tensor([3, 9], dtype=torch.int32))
+
+
+# ---------------------------------------- one offset table for queries and keys (prefill)
+
+# a mask on the local query position alone, beside the examples' local masks
+PREFIX = example_path("causal").read_text().replace("mask m >= n", "mask m < 4 or n < 4")
+ONE_TABLE_SPECS = {
+    "causal": (example_path("causal"), {}),
+    "causal_bottom_right": (example_path("causal_bottom_right"), {}),
+    "sliding_window": (example_path("sliding_window"), {"window": 5}),
+    "alibi": (example_path("alibi"), {}),
+    "prefix": (PREFIX, {}),
+}
+
+
+@cache
+def compiled_spec(name: str) -> tuple[VarlenKernel, Any]:
+    spec, _ = ONE_TABLE_SPECS[name]
+    return varlen(spec), attncc.compile(spec)
+
+
+@pytest.mark.parametrize("packing", ["one tensor", "a copy", "apart"])
+@pytest.mark.parametrize("name", sorted(ONE_TABLE_SPECS))
+@settings(max_examples=3, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    extra_keys=st.lists(st.integers(0, 9), min_size=4, max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_varlen_matches_a_loop_over_the_sequences(
+    name: str, packing: str, lens: list[int], extra_keys: list[int], seed: int
+) -> None:
+    """Every packing against the batched kernel run on each sequence alone: one cu_seqlens
+    tensor for queries and keys (the one-packing spec, its local masks folded into key
+    intervals), an equal copy and other key lengths (the two-table spec)."""
+    kernel, batched = compiled_spec(name)
+    params = ONE_TABLE_SPECS[name][1]
+    q_lens = tuple(lens)
+    k_lens = (
+        tuple(n + e for n, e in zip(lens, extra_keys, strict=False))
+        if packing == "apart"
+        else q_lens
+    )
+    case = _case(name, q_lens, k_lens, seed)
+    cu_q = _cu(q_lens)
+    cu_k = cu_q if packing == "one tensor" else _cu(k_lens)
+    out, lse = kernel(
+        case["q"], case["k"], case["v"], cu_q, cu_k, max(q_lens), max(k_lens),
+        **case["extra"], **params, return_lse=True,
+    )  # fmt: skip
+    ck = _cu(k_lens)
+    for i in range(len(q_lens)):
+        rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(ck[i], ck[i + 1])
+        alone, alone_lse = batched(
+            *(case[t][s].transpose(0, 1)[None] for t, s in (("q", rows), ("k", keys), ("v", keys))),
+            **case["extra"], **params, return_lse=True,
+        )  # fmt: skip
+        assert torch.allclose(out[rows], alone[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+        assert torch.allclose(lse[:, rows], alone_lse[0], atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+def test_one_cu_seqlens_tensor_runs_the_one_packing_spec() -> None:
+    """The same tensor, or a view of the same memory, picks the one-packing spec, whose
+    causal mask is the key interval n < m + 1 (no loads); equal values in another tensor
+    do not (comparing them would synchronise with the device)."""
+    kernel = compiled_varlen("causal")
+    source = kernel.same_packing_source
+    assert source is not None and "seq_k" not in source and "cu_seqlens_k" not in source
+    same = kernel.same_packing_kernel
+    plan = same.ir.mask_plan
+    assert [expr_str(b.expr) for b in plan.upper] == ["m + 1"] and not plan.lower
+    assert [expr_str(m) for m in same.ir.masks] == ["seq_q[m] == seq_q[n]", "n < m + 1"]
+    assert same.ir.tile_index is not None and same.ir.tile_index.full
+
+    cu = _cu((5, 9))
+    assert kernel.kernel_for(14, 14, cu, cu) is same
+    assert kernel.kernel_for(14, 14, cu, cu[:]) is same
+    assert kernel.kernel_for(14, 14, cu, cu.clone()) is kernel.kernel
+    assert kernel.kernel_for(14, 14, cu, cu[:2]) is kernel.kernel
+    assert kernel.kernel_for(14, 15, cu, cu) is kernel.kernel
+    used = torch.tensor([5, 9], dtype=torch.int32)
+    assert kernel.kernel_for(14, 14, cu, cu, used) is kernel.seqused_kernel

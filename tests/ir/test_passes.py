@@ -482,3 +482,114 @@ def test_mask_plan_selects_exactly_the_masked_keys(
         env["cache_len"] = rng.integers(0, n + 1, size=(b,))
     by_masks, by_plan = visible(kernel, env)
     assert np.array_equal(by_masks, by_plan), f"{name}: {np.argwhere(by_masks != by_plan)[:5]}"
+
+
+# ------------------------------------------- mask analysis under a row == key equality mask
+
+# packed sequences: doc ids per token, a start per document in two tables (st, st2) and a
+# length per document (ln), as attncc.varlen's derived specs read them
+PACKED = (
+    CAUSAL.replace("dims  B, H, M, N, D", "dims  B, H, N, D, S")
+    .replace("q[B, H, M, D]", "q[B, H, N, D]")
+    .replace("in    v[B, H, N, D]\n", "in    v[B, H, N, D]\nin    doc[B, N]: i32\n")
+    .replace(
+        "param scale", "in    st[B, S]: i32\nin    st2[B, S]: i32\nparam w: i32 = 4\nparam scale"
+    )
+)
+ROW_DOC, KEY_DOC = "doc[b, m]", "doc[b, n]"
+LOCAL_M, LOCAL_N = f"(m - st[b, {ROW_DOC}])", f"(n - st[b, {KEY_DOC}])"
+SAME_DOC = f"{ROW_DOC} == {KEY_DOC}"
+ROW_LEN = f"(st[b, {ROW_DOC} + 1] - st[b, {ROW_DOC}])"
+
+# name: (mask lines, the expected bounds (lower, upper) or None for "stays residual")
+EQUALITY_MASKS: dict[str, tuple[str, tuple[list[str], list[str]] | None]] = {
+    "local causal": (f"{SAME_DOC}\nmask {LOCAL_M} >= {LOCAL_N}", ([], ["m + 1"])),
+    "local causal, one line": (f"{SAME_DOC} and {LOCAL_M} >= {LOCAL_N}", ([], ["m + 1"])),
+    "equality written key first": (
+        f"{KEY_DOC} == {ROW_DOC}\nmask {LOCAL_N} <= {LOCAL_M}",
+        ([], ["m + 1"]),
+    ),
+    "local bottom right": (
+        f"{SAME_DOC}\nmask {LOCAL_M} + {ROW_LEN} - {ROW_LEN} >= {LOCAL_N}",
+        ([], ["m + 1"]),
+    ),
+    "local window": (
+        f"{SAME_DOC}\nmask {LOCAL_M} >= {LOCAL_N} and {LOCAL_M} - {LOCAL_N} < w",
+        (["m - w + 1"], ["m + 1"]),
+    ),
+    "local key twice": (f"{SAME_DOC}\nmask 2 * {LOCAL_M} >= {LOCAL_N} + {LOCAL_N}", None),
+    # not cancelled: the starts come from different tables, no equality mask, the equality
+    # only on one side of an or, a start that does not cancel (local n alone)
+    "two tables": (f"{SAME_DOC}\nmask {LOCAL_M} >= (n - st2[b, {KEY_DOC}])", None),
+    "no equality": (f"{LOCAL_M} >= {LOCAL_N}", None),
+    "equality in an or": (f"{SAME_DOC} or {LOCAL_M} >= {LOCAL_N}", None),
+    "local key alone": (f"{SAME_DOC}\nmask {LOCAL_N} < 4", None),
+    "unequal ids": (f"{ROW_DOC} != {KEY_DOC}\nmask {LOCAL_M} >= {LOCAL_N}", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EQUALITY_MASKS))
+def test_mask_analysis_cancels_starts_equal_under_an_equality_mask(name: str) -> None:
+    masks, expected = EQUALITY_MASKS[name]
+    kernel = attncc.optimise(PACKED.replace("mask m >= n\n", f"mask {masks}\n"))[1]
+    plan = kernel.mask_plan
+    assert plan is not None
+    if expected is None:
+        assert not plan.lower and not plan.upper
+        assert len(plan.residual) == len(kernel.masks)
+        return
+    assert ([expr_str(b.expr) for b in plan.lower], [expr_str(b.expr) for b in plan.upper]) == (
+        expected
+    )
+    assert [b.slope for b in (*plan.lower, *plan.upper)] == [1] * len(plan.lower + plan.upper)
+    # the equality stays, a residual mask the tile index tests; the local mask became the
+    # interval's comparisons (no loads left for partial tiles)
+    assert [expr_str(r) for r in plan.residual] in (
+        [f"{ROW_DOC} == {KEY_DOC}"],
+        [f"{KEY_DOC} == {ROW_DOC}"],
+    )
+    assert kernel.tile_index is not None and kernel.tile_index.full
+    assert sum("st[" in expr_str(mask) for mask in kernel.masks) == 0
+
+
+@pytest.mark.parametrize("name", sorted(EQUALITY_MASKS))
+@given(
+    m=st.integers(1, 30),
+    docs=st.integers(1, 5),
+    w=st.integers(-2, 8),
+    seed=st.integers(0, 2**16),
+)
+def test_mask_plan_under_an_equality_selects_exactly_the_masked_keys(
+    name: str, m: int, docs: int, w: int, seed: int
+) -> None:
+    """The interval and residual masks select exactly what the spec's masks select (as
+    lowered, before any rewrite), for any ids and any start tables; so do the masks the
+    analysis leaves."""
+    masks, _ = EQUALITY_MASKS[name]
+    text = PACKED.replace("mask m >= n\n", f"mask {masks}\n")
+    lowered = lower(load(text))
+    kernel = attncc.optimise(text)[1]
+    rng = np.random.default_rng(seed)
+    b = 2
+    env: dict[str, Any] = {
+        "shape": (b, m, m),
+        "b": np.arange(b)[:, None, None],
+        "h": 0,
+        "m": np.arange(m)[None, :, None],
+        "n": np.arange(m)[None, None, :],
+        "N": m,
+        "S": docs + 1,
+        "w": w,
+        # sorted as packing makes them, or not: the rule needs neither
+        "doc": rng.integers(0, docs, size=(b, m)),
+        "st": rng.integers(-m, m, size=(b, docs + 1)),
+        "st2": rng.integers(-m, m, size=(b, docs + 1)),
+    }
+    if seed % 2:
+        env["doc"] = np.sort(env["doc"], axis=-1)
+    want = np.ones(env["shape"], dtype=bool)
+    for mask in lowered.masks:
+        want &= evaluate(mask, env)
+    by_masks, by_plan = visible(kernel, env)
+    assert np.array_equal(want, by_plan), f"{name}: {np.argwhere(want != by_plan)[:5]}"
+    assert np.array_equal(want, by_masks), f"{name}: {np.argwhere(want != by_masks)[:5]}"
