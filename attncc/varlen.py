@@ -372,6 +372,27 @@ class VarlenKernel:
             self._same_kernel = self._compile(self._derive_same())
         return self._same_kernel
 
+    def kernel_for(
+        self,
+        total_q: int,
+        total_k: int,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        seqused_k: torch.Tensor | None = None,
+    ) -> Any:
+        """The compiled form a call with these packed lengths and tables runs: the seqused_k
+        form, the one-packing form (one offset table for queries and keys, by identity of
+        memory, never by value), or ``kernel``."""
+        if seqused_k is not None:
+            return self.seqused_kernel
+        if (
+            self._derive_same is not None
+            and total_q == total_k
+            and _one_table(cu_seqlens_q, cu_seqlens_k)
+        ):
+            return self.same_packing_kernel
+        return self.kernel
+
     def __call__(
         self,
         q: torch.Tensor,
@@ -407,21 +428,12 @@ class VarlenKernel:
             # would otherwise read past the packed tensors
             for cu, total in ((cu_seqlens_q, q.shape[0]), (cu_seqlens_k, k.shape[0])):
                 torch._assert_async(cu[-1] == total)
-        kernel = self.kernel
-        seq_q = _sequence_ids(cu_seqlens_q, q.shape[0])
-        tables = {_SEQ_Q: seq_q, _CU_Q: cu_seqlens_q}
+        kernel = self.kernel_for(q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, seqused_k)
+        tables = {_SEQ_Q: _sequence_ids(cu_seqlens_q, q.shape[0]), _CU_Q: cu_seqlens_q}
         if seqused_k is not None:
             _check_seqused_k(seqused_k, cu_seqlens_k)
-            kernel = self.seqused_kernel
             tables[_USED_K] = seqused_k
-        if (
-            seqused_k is None
-            and self._derive_same is not None
-            and q.shape[0] == k.shape[0]
-            and _one_table(cu_seqlens_q, cu_seqlens_k)
-        ):
-            kernel = self.same_packing_kernel
-        else:
+        if kernel is not self._same_kernel:  # the two-table forms read the keys' own tables
             tables[_SEQ_K] = _sequence_ids(cu_seqlens_k, k.shape[0])
             tables[_CU_K] = cu_seqlens_k
         result = kernel(q, k, v, **tables, **kwargs)
