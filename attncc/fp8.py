@@ -22,10 +22,18 @@ measure kernels and quantisation schemes against it and against the float64 refe
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 
 import torch
+
+from attncc.codegen import fp8_quantize
+from attncc.runtime.jit import interpreter, load_module, module_path
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -79,8 +87,7 @@ def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
     The transform is its own inverse. Computed in ``x``'s dtype (float32 or float64).
     """
     d = x.shape[-1]
-    if d < 1 or d & (d - 1):
-        raise ValueError(f"the Hadamard rotation needs a power-of-two head dim, got D={d}")
+    _check_hadamard_dim(d)
     y = x.reshape(-1, d)
     h = 1
     while h < d:
@@ -90,6 +97,11 @@ def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
         y = torch.stack((a + b, a - b), dim=2).reshape(-1, d)
         h *= 2
     return (y * (1.0 / math.sqrt(d))).reshape(x.shape)
+
+
+def _check_hadamard_dim(d: int) -> None:
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"the Hadamard rotation needs a power-of-two head dim, got D={d}")
 
 
 def _block_amax(x: torch.Tensor, rows: int | None) -> torch.Tensor:
@@ -158,19 +170,147 @@ def quantize(
     key/value rows of each leading index (batch, head); ``None``: one per tensor.
     ``hadamard=True`` rotates the head dim of q and k first (see the module docstring).
     The arithmetic is float32 (float64 for float64 inputs).
+
+    Per block, CUDA tensors (and CPU tensors while ``TRITON_INTERPRET=1``) go through one
+    Triton kernel per tensor that reads it once (templates/triton/fp8_quantize.py.jinja);
+    its numbers are ``quantize_torch``'s, bit for bit without the rotation, and with it up
+    to the order of the rotation's float32 sums. The FP8 tensors it returns are contiguous.
+    Per tensor, float64 inputs and blocks too large for one program's registers (padded
+    rows x head dim > 32768) take the torch path.
     """
+    return _quantize(q, k, v, block, hadamard, kernel=True)
+
+
+def quantize_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block: tuple[int, int] | None = None,
+    hadamard: bool = False,
+) -> Fp8Inputs:
+    """``quantize`` in torch eager ops on any device (the definition the kernel matches)."""
+    return _quantize(q, k, v, block, hadamard, kernel=False)
+
+
+def _quantize(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block: tuple[int, int] | None,
+    hadamard: bool,
+    kernel: bool,
+) -> Fp8Inputs:
     _check_inputs(q, k, v, block)
     if hadamard:
-        work = torch.float64 if q.dtype == torch.float64 else torch.float32
-        q = hadamard_transform(q.to(work))
-        k = hadamard_transform(k.to(work))
+        _check_hadamard_dim(q.shape[-1])
     block_m, block_n = block if block is not None else (None, None)
-    q8, q_descale = _quantize_one(q, block_m)
-    k8, k_descale = _quantize_one(k, block_n)
-    v8, v_descale = _quantize_one(v, block_n)
+    q8, q_descale = _quantize_tensor(q, block_m, hadamard, kernel)
+    k8, k_descale = _quantize_tensor(k, block_n, hadamard, kernel)
+    v8, v_descale = _quantize_tensor(v, block_n, False, kernel)
     return Fp8Inputs(
         q8, k8, v8, q_descale, k_descale, v_descale, Fp8Scheme(block_m, block_n, hadamard)
     )
+
+
+def _quantize_tensor(
+    x: torch.Tensor, rows: int | None, rotate: bool, kernel: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if kernel and rows is not None and _kernel_takes(x, rows, rotate):
+        return _quantize_kernel(x, rows, rotate)
+    if rotate:
+        x = hadamard_transform(x.to(torch.float64 if x.dtype == torch.float64 else torch.float32))
+    return _quantize_one(x, rows)
+
+
+# One program holds a whole block (padded rows x padded head dim) in registers, as float32:
+# 128 x 128 is 64 KiB over 8 warps; past 32768 elements it would spill.
+_KERNEL_MAX_ELEMENTS = 32768
+# tl.dot's smallest tile side; also the smallest padding of the kernel's block
+_MIN_TILE = 16
+
+
+def _padded(n: int) -> int:
+    return max(_MIN_TILE, 1 << (n - 1).bit_length())
+
+
+def _kernel_takes(x: torch.Tensor, rows: int, rotate: bool) -> bool:
+    """Whether the Triton kernel quantises ``x``: on CUDA, or on the CPU while Triton's
+    interpreter is on; float16/bfloat16/float32; not empty; a block that fits."""
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    on_device = x.device.type == "cuda" or (x.device.type == "cpu" and interpreted)
+    return (
+        on_device
+        and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and x.numel() > 0
+        and _padded(rows) * _padded(x.shape[-1]) <= _KERNEL_MAX_ELEMENTS
+    )
+
+
+@functools.cache
+def _kernel_path() -> Path:
+    return module_path("fp8_quantize", fp8_quantize.render(FP8_MAX, _ZERO_BLOCK_DESCALE))
+
+
+def _kernel_module(interpreted: bool) -> ModuleType:
+    return load_module(_kernel_path(), interpreted)
+
+
+_SIGNS: dict[tuple[int, int, torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _hadamard_signs(d: int, d_pad: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The Sylvester Hadamard matrix of order ``d`` (entries +-1, exact in every float
+    dtype), zero-padded to ``[d_pad, d_pad]``; built once per (d, device, dtype)."""
+    key = (d, d_pad, device, dtype)
+    signs = _SIGNS.get(key)
+    if signs is None:
+        h = torch.ones(1, 1, dtype=torch.float32)
+        while h.shape[0] < d:
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+        padded = torch.zeros(d_pad, d_pad, dtype=torch.float32)
+        padded[:d, :d] = h
+        signs = _SIGNS[key] = padded.to(device=device, dtype=dtype)
+    return signs
+
+
+def _quantize_kernel(x: torch.Tensor, rows: int, rotate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_quantize_one`` (after the rotation, with ``rotate``) in one Triton launch."""
+    x = x.detach()
+    s, d = x.shape[-2], x.shape[-1]
+    lead = tuple(x.shape[:-2])
+    # the kernel walks two leading axes by their strides (batch, heads): any [B, H, S, D]
+    # layout is read in place; more leading axes are merged (a copy where strides forbid)
+    x4 = x.reshape(-1, *x.shape[-3:]) if len(lead) > 2 else x[(None,) * (2 - len(lead))]
+    blocks = -(-s // rows)
+    leads = x4.shape[0] * x4.shape[1]
+    out = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    descale = torch.empty((*lead, blocks), dtype=torch.float32, device=x.device)
+    block_pad, d_pad = _padded(rows), _padded(d)
+    signs = _hadamard_signs(d, d_pad, x.device, x.dtype) if rotate else x4
+    interpreted = x.device.type == "cpu"
+    module = _kernel_module(interpreted)
+    device = torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+    with interpreter(interpreted), device:
+        module.fp8_quantize_kernel[(leads * blocks,)](
+            x4,
+            out.view(torch.uint8),  # the e4m3 bit patterns (see _e4m3_bits)
+            descale,
+            signs,
+            1.0 / math.sqrt(d),
+            s,
+            d,
+            x4.shape[1],
+            blocks,
+            *x4.stride(),
+            BLOCK_ROWS=rows,
+            BLOCK_PAD=block_pad,
+            D_PAD=d_pad,
+            HADAMARD=rotate,
+            # +-1 times float32 is exact only in IEEE float32 (TF32 keeps 10 mantissa bits)
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            num_warps=max(4, min(16, block_pad * d_pad // 2048)),
+        )
+    return out, descale
 
 
 def dequantize(

@@ -6,7 +6,9 @@ Times, on one shape (``B,H,S,D``, full attention), with ``triton.testing.do_benc
 - ``bf16``: ``examples/fused.attn`` on bf16 q, k, v;
 - ``fp8``: ``examples/fp8_block.attn`` on ``attncc.fp8.quantize``'s output (block 128x128);
 - ``quantize`` and ``quantize+H``: ``attncc.fp8.quantize(q, k, v, block=(128, 128))`` without
-  and with the Hadamard rotation (torch eager), from bf16 inputs;
+  and with the Hadamard rotation (one Triton kernel per tensor), from bf16 inputs;
+- ``quantize (torch)`` and ``quantize+H (torch)``: the same through ``attncc.fp8.quantize_torch``
+  (torch eager ops), for comparison;
 
 and prints fp8's speedup over bf16 (issue target >= 1.5x) and quantisation's time as a share
 of the FP8 kernel's (target <= 10% at 8k). Needs a CUDA GPU.
@@ -25,7 +27,7 @@ import torch
 import triton.testing
 
 import attncc
-from attncc.fp8 import quantize
+from attncc.fp8 import quantize, quantize_torch
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 BLOCK = (128, 128)
@@ -72,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fp8": lambda: fp8(*fp8_args, block_m=BLOCK[0], block_n=BLOCK[1]),
             "quantize": lambda: quantize(q, k, v, block=BLOCK),
             "quantize+H": lambda: quantize(q, k, v, block=BLOCK, hadamard=True),
+            "quantize (torch)": lambda: quantize_torch(q, k, v, block=BLOCK),
+            "quantize+H (torch)": lambda: quantize_torch(q, k, v, block=BLOCK, hadamard=True),
         },
         args.rounds,
     )
@@ -79,12 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{name}, torch {torch.__version__}, triton {triton.__version__}, shape {args.shape}")
     for key, ms in times.items():
         rate = f"{flops(b, h, s, d) / ms / 1e9:.0f} TFLOP/s" if key in ("bf16", "fp8") else ""
-        print(f"{key:<11} {ms * 1e3:9.1f} us  {rate}")
+        print(f"{key:<18} {ms * 1e3:9.1f} us  {rate}")
     speedup = times["bf16"] / times["fp8"]
     share = times["quantize"] / times["fp8"]
     share_h = times["quantize+H"] / times["fp8"]
     print(f"fp8 / bf16 speedup: {speedup:.2f}x (target >= 1.5x)")
     print(f"quantize: {share:.0%} of the fp8 kernel, with Hadamard {share_h:.0%} (target <= 10%)")
+    torch_share = times["quantize (torch)"] / times["fp8"]
+    torch_share_h = times["quantize+H (torch)"] / times["fp8"]
+    print(f"quantize (torch): {torch_share:.0%}, with Hadamard {torch_share_h:.0%}")
     return 0
 
 

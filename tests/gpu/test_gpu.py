@@ -158,3 +158,26 @@ def test_new_lengths_and_batch_sizes_do_not_recompile(
             first = len(compiled)
             assert first > 0, "the hook saw no compile: it no longer observes Triton's JIT"
     assert compiled[first:] == [], f"recompiled for {calls}: {compiled[first:]}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fp8_quantize_kernel_matches_torch_on_gpu(dtype: torch.dtype, d: int) -> None:
+    """attncc.fp8.quantize's compiled kernel against quantize_torch on the GPU: bits without
+    the rotation; with it, integer inputs (exact sums in any order) also to the bit."""
+    from attncc.fp8 import quantize, quantize_torch
+
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    q, k, v = (
+        torch.randn(2, 4, s, d, device="cuda", generator=gen).to(dtype) for s in (1000, 700, 700)
+    )
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a [B, S, H, D] layout
+    for hadamard in (False, True):
+        if hadamard:
+            q, k = (q * 8).round(), (k * 8).round()
+        got = quantize(q, k, v, block=(128, 64), hadamard=hadamard)
+        want = quantize_torch(q, k, v, block=(128, 64), hadamard=hadamard)
+        for name in ("q", "k", "v"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (name, hadamard)
+            assert torch.equal(getattr(got, f"{name}_descale"), getattr(want, f"{name}_descale"))
