@@ -127,27 +127,33 @@ def sizes_for(kernel: ir.AttentionKernel, shape: Shape, page: int = 16) -> dict[
 
 
 def bench_inputs(
-    kernel: ir.AttentionKernel, sizes: dict[str, int], dtype: torch.dtype, documents: int
+    kernel: ir.AttentionKernel,
+    sizes: dict[str, int],
+    dtype: torch.dtype,
+    documents: int,
+    device: str = "cuda",
 ) -> dict[str, torch.Tensor]:
+    """Every input of ``kernel`` at ``sizes`` (the module's docstring says what they hold);
+    ``device``: "cpu" only where the scripts' CPU tests run them in the interpreter."""
     key_dim, key_size = kernel.key_axis.dim, sizes[kernel.key_axis.dim]
     indexing = index_tensor_dims(kernel)
     inputs = {}
     for arg in kernel.tensors:
         shape = [sizes[d] for d in arg.dims]
         if arg.name in indexing:  # page ids: every page used once, in a shuffled order
-            ids = torch.randperm(sizes[indexing[arg.name]], device="cuda")[: math.prod(shape)]
+            ids = torch.randperm(sizes[indexing[arg.name]], device=device)[: math.prod(shape)]
             tensor = ids.reshape(shape).to(torch.int32 if arg.dtype == "i32" else torch.int64)
         elif arg.dtype in ("i32", "i64"):
             int_dtype = torch.int32 if arg.dtype == "i32" else torch.int64
             if arg.dims and arg.dims[-1] == key_dim:
-                ids = torch.arange(key_size, device="cuda") * documents // max(key_size, 1)
+                ids = torch.arange(key_size, device=device) * documents // max(key_size, 1)
                 tensor = ids.expand(shape).to(int_dtype).contiguous()
             else:
-                tensor = torch.full(shape, key_size, dtype=int_dtype, device="cuda")
+                tensor = torch.full(shape, key_size, dtype=int_dtype, device=device)
         elif arg.role == "aux":
-            tensor = torch.rand(shape, device="cuda").to(dtype) * 0.1
+            tensor = torch.rand(shape, device=device).to(dtype) * 0.1
         else:
-            tensor = torch.randn(shape, device="cuda", dtype=dtype)
+            tensor = torch.randn(shape, device=device, dtype=dtype)
         inputs[arg.name] = tensor
     return inputs
 
@@ -466,6 +472,41 @@ def bench_spec(
         rows.append(row)
         plan.record(row)
     return rows
+
+
+# Every launch configuration of one call must give the same output to this (max |difference|
+# of the float32 outputs; 16-bit inputs): a fast configuration with a wrong answer is no
+# candidate (benchmarks/sweep.py, benchmarks/heuristic_check.py).
+CONFIG_ATOL = 2e-2
+
+
+def prepare_config(
+    kernel: Any,
+    module: Any,
+    copies: list[dict[str, torch.Tensor]],
+    params: dict[str, Any],
+    config: dict[str, int],
+    graphed: bool,
+) -> tuple[torch.Tensor, Callable[[], float]]:
+    """Run the generated ``module`` of ``kernel`` (an ``attncc.Kernel``) once with launch
+    ``config`` forced (compiling it) and return its output as float32 and a timer of it:
+    median milliseconds of one call, ``graphed`` as CUDA-graph replays over the input
+    ``copies`` (decode: cold L2), else ``do_bench`` of the first copy (``median_ms``).
+    Raises what the launch raises (a configuration past this GPU's shared memory)."""
+    runs = []
+    for inputs in copies:
+        tensors, bound = module._bind([inputs[n] for n in kernel.input_names], {})
+        runs.append(functools.partial(module._forward, tensors, {**params, **bound}, False, config))
+    out = runs[0]()[0].float()
+    if out.is_cuda:
+        torch.cuda.synchronize()
+    return out, functools.partial(median_ms, runs, graphed)
+
+
+def config_mismatch(out: torch.Tensor, reference: torch.Tensor) -> float | None:
+    """The largest |out - reference| where it exceeds ``CONFIG_ATOL`` (NaN included), else None."""
+    diff = (out - reference).abs().max().item()
+    return None if diff <= CONFIG_ATOL else float(diff)
 
 
 def time_rounds(

@@ -22,8 +22,8 @@ import sys
 import torch
 
 import attncc
-from attncc.bench import DTYPES, Shape, bench_inputs, sizes_for
-from attncc.runtime.timing import cold_copies, median_ms
+from attncc.bench import DTYPES, Shape, bench_inputs, config_mismatch, prepare_config, sizes_for
+from attncc.runtime.timing import cold_copies
 
 spec, shape_text = sys.argv[1], sys.argv[2]
 dtype = DTYPES[sys.argv[3] if len(sys.argv) > 3 else "bf16"]
@@ -80,22 +80,16 @@ else:
 results = []
 first_out = None
 for config in configs:
-    runs = []
-    for c in copies:
-        tensors, bound = module._bind([c[n] for n in kernel.input_names], {})
-        full = {**params, **bound}
-        runs.append(lambda t=tensors, p=full, cfg=config: module._forward(t, p, False, cfg))
     try:
-        out = runs[0]()[0].float()
-        torch.cuda.synchronize()
-        ms = median_ms(runs, graphed)
+        out, timer = prepare_config(kernel, module, copies, params, config, graphed)
+        ms = timer()
     except Exception as err:  # shared memory or register limits: report and go on
         print(f"{config}: {type(err).__name__}: {str(err)[:120]}")
         continue
     # every configuration must give the first one's output (a fast wrong one is no candidate)
     first_out = out if first_out is None else first_out
-    diff = (out - first_out).abs().max().item()
-    if not diff <= 2e-2:
+    diff = config_mismatch(out, first_out)
+    if diff is not None:
         print(f"{config}: MISMATCH, max |out - first config's out| = {diff:.3g}")
         continue
     results.append((ms, config))
