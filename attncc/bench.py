@@ -493,7 +493,7 @@ def prepare_config(
     median milliseconds of one call, ``graphed`` as CUDA-graph replays over the input
     ``copies`` (decode: cold L2), else ``do_bench`` of the first copy (``median_ms``).
     Raises what the launch raises (a configuration past this GPU's shared memory)."""
-    runs = []
+    runs: list[Callable[[], Any]] = []
     for inputs in copies:
         tensors, bound = module._bind([inputs[n] for n in kernel.input_names], {})
         runs.append(functools.partial(module._forward, tensors, {**params, **bound}, False, config))
