@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [heuristic]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -322,9 +322,23 @@ if has varlen; then
         --json "$OUT/varlen_speed_$gpu.jsonl" 2>&1 | tee "$OUT/varlen_speed_$gpu.txt"
 fi
 
+if has heuristic; then
+    # issue 27: the heuristic table's launch configuration (ATTNCC_AUTOTUNE=0) against every
+    # tuning candidate (benchmarks/heuristic_check.py) on the matrix's bf16 Triton prefill
+    # variants at 4k (D=128) and its decode cases, outputs checked against the table's; MISS
+    # where the table is over 10% slower. One process, HEURISTIC_TIMEOUT s (480); rows are
+    # appended as each case finishes. HEURISTIC_CASES ("SPEC SHAPE;..." or "SPEC;...")
+    # narrows it, HEURISTIC_QUICK=1 runs a handful
+    timeout "${HEURISTIC_TIMEOUT:-480}" python3 benchmarks/heuristic_check.py \
+        --json "$OUT/heuristic_$gpu.jsonl" ${HEURISTIC_CASES:+--cases "$HEURISTIC_CASES"} \
+        ${HEURISTIC_QUICK:+--quick} 2>&1 | grep -vE "Warning|warn" | tee "$OUT/heuristic_$gpu.txt"
+    [ "${PIPESTATUS[0]}" = 124 ] && echo "heuristic: timed out after ${HEURISTIC_TIMEOUT:-480} s" | tee -a "$OUT/heuristic_$gpu.txt"
+fi
+
 echo "== summary"
 [ -f "$OUT/gpu_tests.log" ] && grep -hE "[0-9]+ (passed|failed)" "$OUT/gpu_tests.log"
 [ -f "$OUT/hf_e2e_$gpu.txt" ] && cat "$OUT/hf_e2e_$gpu.txt"
+[ -f "$OUT/heuristic_$gpu.txt" ] && grep -E "MISS|ERROR|worst|timed out" "$OUT/heuristic_$gpu.txt"
 [ -f "$OUT/varlen_speed_$gpu.txt" ] && grep -vE "^(\[|W[0-9])" "$OUT/varlen_speed_$gpu.txt"
 [ -f "$OUT/bench.log" ] && grep -vE "^(device|spec)" "$OUT/bench.log" | cut -c1-200
 exit 0
