@@ -423,20 +423,22 @@ class VarlenKernel:
                 f"cu_seqlens_q and cu_seqlens_k must have one length (B + 1), got "
                 f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
             )
+        kernel = self.kernel_for(q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, seqused_k)
+        one_packing = kernel is self._same_kernel
         if cu_seqlens_q.device.type != "cpu":
             # checked on the device, without a host synchronisation: a bad offset table
-            # would otherwise read past the packed tensors
-            checks = [(cu_seqlens_q, q.shape[0]), (cu_seqlens_k, k.shape[0])]
-            if q.shape[0] == k.shape[0] and _one_table(cu_seqlens_q, cu_seqlens_k):
-                checks.pop()  # one table, one check: each is two small kernels a call
+            # would otherwise read past the packed tensors (one table, one check: each is
+            # two small kernels a call)
+            checks = [(cu_seqlens_q, q.shape[0])]
+            if not one_packing:
+                checks.append((cu_seqlens_k, k.shape[0]))
             for cu, total in checks:
                 torch._assert_async(cu[-1] == total)
-        kernel = self.kernel_for(q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, seqused_k)
         tables = {_SEQ_Q: _sequence_ids(cu_seqlens_q, q.shape[0]), _CU_Q: cu_seqlens_q}
         if seqused_k is not None:
             _check_seqused_k(seqused_k, cu_seqlens_k)
             tables[_USED_K] = seqused_k
-        if kernel is not self._same_kernel:  # the two-table forms read the keys' own tables
+        if not one_packing:  # the two-table forms read the keys' own tables
             tables[_SEQ_K] = _sequence_ids(cu_seqlens_k, k.shape[0])
             tables[_CU_K] = cu_seqlens_k
         result = kernel(q, k, v, **tables, **kwargs)

@@ -311,8 +311,8 @@ def attention_forward(
     if spec_name is None and kind in ("causal", "full"):
         # a combination no spec states: the same mask, materialised
         dense = _dense_from_flags(mask, batch, q_len, kv_len, query.device)
-        spec_name = SPEC_TABLE.get(
-            Features("dense", softcap=softcap is not None, sinks=s_aux is not None)
+        spec_name = _SPEC_BY_FLAGS.get(
+            ("dense", False, softcap is not None, False, s_aux is not None)
         )
         extras = {"allowed": dense, **({"sinks": s_aux} if s_aux is not None else {})}
         params = {k: params[k] for k in ("scale", "cap") if k in params}

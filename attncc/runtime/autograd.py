@@ -202,9 +202,7 @@ class _Scatter:
             return False
         frame = [a.index for a in self.k.batch_axes] + list(inner)
         names = [sub.name if isinstance(sub, ir.Index) else None for sub in operand.indices]
-        return sorted(n for n in names if n is not None) == sorted(frame) and len(names) == len(
-            frame
-        )
+        return len(names) == len(frame) and set(names) == set(frame)
 
     def add(
         self,

@@ -204,7 +204,9 @@ class TritonPlan:
         self.fills = tuple(f for f in recorder.fills if f[0] not in kept)
         self.outputs = outputs
         self.device = device  # the current CUDA device the kernels were loaded on
-        scratch = _scratch(recorder, {*outputs, *kept}) if device is not None else {}
+        scratch, self.scratch_bytes = (
+            _scratch(recorder, {*outputs, *kept}) if device is not None else ({}, 0)
+        )
         self.allocations = tuple(
             None if index in scratch else a for index, a in enumerate(recorder.allocations)
         )
@@ -218,7 +220,6 @@ class TritonPlan:
             )
             for step in recorder.steps
         )
-        self.scratch_bytes = _end(recorder, scratch)
         self.launches = tuple(_launch_args(s) for s in self.steps) if device is not None else ()
 
     def __call__(self, tensors: dict[str, Any]) -> Result | None:
@@ -318,10 +319,10 @@ def _launcher(compiled: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
 _SCRATCH_ALIGN = 512
 
 
-def _scratch(recorder: _Recorder, excluded: set[int]) -> dict[int, int]:
+def _scratch(recorder: _Recorder, excluded: set[int]) -> tuple[dict[int, int], int]:
     """Allocation index -> byte offset, for the allocations that only kernels read through a
     plain pointer argument (not outputs, kept buffers, filled, shaped-like or a descriptor's
-    base)."""
+    base), and the bytes of the one allocation holding them."""
     other = {i for i, _, _ in recorder.fills}
     other |= {a.like[1] for a in recorder.allocations if a.like and a.like[0] == "alloc"}
     for step in recorder.steps:
@@ -332,13 +333,7 @@ def _scratch(recorder: _Recorder, excluded: set[int]) -> dict[int, int]:
             continue
         offsets[index] = at
         at += -(-tensor.numel() * tensor.element_size() // _SCRATCH_ALIGN) * _SCRATCH_ALIGN
-    return offsets
-
-
-def _end(recorder: _Recorder, scratch: dict[int, int]) -> int:
-    """Bytes of the one scratch allocation."""
-    sizes = {i: recorder.tensors[i].numel() * recorder.tensors[i].element_size() for i in scratch}
-    return max((at + sizes[i] for i, at in scratch.items()), default=0)
+    return offsets, at
 
 
 def _kept(recorder: _Recorder, outputs: tuple[int, int]) -> set[int]:
