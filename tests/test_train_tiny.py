@@ -3,7 +3,6 @@ backward (Triton interpreter on the CPU) tracks the same model on SDPA step by s
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from types import ModuleType
@@ -11,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from script_module import load_script
 
 from attncc.runtime import autograd
 
@@ -25,11 +25,7 @@ pytestmark = pytest.mark.filterwarnings(
 
 
 def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_tiny", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXAMPLE, "train_tiny")
 
 
 def test_training_through_the_kernel_tracks_sdpa() -> None:

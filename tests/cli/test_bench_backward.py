@@ -4,9 +4,7 @@ stand-ins; the timing itself needs a GPU: benchmarks/gpu_suite.sh backward)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from script_module import load_script
 
 import attncc
 
@@ -22,12 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _backward_module() -> Any:
     path = ROOT / "benchmarks" / "backward.py"
-    spec = importlib.util.spec_from_file_location("backward_script", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path, "backward_script")
 
 
 def _row(spec: str, shape: str, **values: Any) -> dict[str, Any]:

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from script_module import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fp8_error.py"
 
 
 @pytest.fixture(scope="module")
 def fp8_error() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fp8_error_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "fp8_error_script")
 
 
 def test_outlier_distribution_has_rare_large_entries(fp8_error: ModuleType) -> None:

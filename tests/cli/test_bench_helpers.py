@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from script_module import load_script
 
 import attncc
 from attncc.bench import (
@@ -83,12 +82,7 @@ def test_run_plan_resumes_from_its_json_lines(tmp_path: Path) -> None:
 
 def _matrix_module() -> Any:
     path = EXAMPLES.parent / "benchmarks" / "matrix.py"
-    spec = importlib.util.spec_from_file_location("matrix_script", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path, "matrix_script")
 
 
 def test_the_matrix_is_the_issues_and_warms_each_group_first() -> None:
@@ -275,10 +269,7 @@ def test_matrix_table_puts_cuda_rows_beside_triton_or_on_their_own(
     matrix with its CUDA column); with no Triton row there (the default target's matrix,
     `matrix.py --target auto`) it is a row of its own, with its ratios to the anchors."""
     path = EXAMPLES.parent / "benchmarks" / "matrix_table.py"
-    spec = importlib.util.spec_from_file_location("matrix_table_script", path)
-    assert spec is not None and spec.loader is not None
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    table = load_script(path, "matrix_table_script")
     anchors = {"sdpa-flash": 100.0, "sdpa-cudnn": 200.0, "flex": 150.0}
 
     def bench_row(name: str, seq: int, tflops: float) -> str:
@@ -303,11 +294,7 @@ def test_matrix_table_puts_cuda_rows_beside_triton_or_on_their_own(
 
 def _script(name: str) -> Any:
     path = EXAMPLES.parent / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"{name}_script", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path, f"{name}_script")
 
 
 def test_plot_ratios_group_rows_into_tables_per_anchor_and_variant() -> None:

@@ -4,7 +4,6 @@ deterministic fake times in place of the GPU timing; its cases and --help withou
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from script_module import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "heuristic_check.py"
 CASE = "causal 1,2,128,16"
@@ -25,10 +25,7 @@ BEST = "64x64/w4/s3/tma"  # a tuning candidate (PREFILL_CANDIDATES' first)
 
 @pytest.fixture()
 def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("heuristic_check_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(SCRIPT, "heuristic_check_script")
     monkeypatch.setattr(module, "DEVICE", "cpu")
     monkeypatch.setenv("ATTNCC_AUTOTUNE", "")  # main sets it to 0; the fixture restores it
     return module

@@ -4,7 +4,6 @@ what varlen does on the same packed data (checked here in the Triton interpreter
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from script_module import load_script
 
 import attncc
 
@@ -20,11 +20,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "varlen_speed.py"
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("varlen_speed_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "varlen_speed_script")
 
 
 def test_help_runs_without_a_gpu() -> None:

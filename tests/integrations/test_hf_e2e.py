@@ -3,23 +3,19 @@ for every model family it builds."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_module import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "hf_e2e.py"
 
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hf_e2e_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "hf_e2e_script")
 
 
 FAMILIES = ["llama", "qwen2", "mistral", "gemma2", "gemma3", "gpt_oss"]

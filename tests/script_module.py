@@ -1,0 +1,20 @@
+"""A Python file outside the package (a benchmark script, an example) loaded as a module, for
+the tests that call its functions."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """``path`` executed as the module ``name`` (registered in ``sys.modules``: dataclasses
+    look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
