@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [heuristic]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [heuristic] [parts]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -320,6 +320,12 @@ if has varlen; then
     # causal and full; rows are appended as each case finishes
     timeout "${VARLEN_TIMEOUT:-170}" python3 benchmarks/varlen_speed.py \
         --json "$OUT/varlen_speed_$gpu.jsonl" 2>&1 | tee "$OUT/varlen_speed_$gpu.txt"
+fi
+
+if has parts; then
+    # issue 27's host overhead, piece by piece: each step of a repeated call's replay path
+    # issued alone (benchmarks/call_parts.py), SDPA's whole call beside them
+    timeout 300 python3 benchmarks/call_parts.py 2>&1 | grep -vE "Warning|warn" | tee "$OUT/call_parts_$gpu.txt"
 fi
 
 if has heuristic; then

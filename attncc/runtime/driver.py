@@ -224,20 +224,37 @@ class Launch:
         self._bytes = memoryview(self._buffer).cast("B")
         base = ctypes.addressof(self._buffer)
         params = (ctypes.c_void_p * len(offsets))(*[base + at for at in offsets])
-        # (offset, length) of each slot: a map's length, 0 for a pointer
-        self._slots = tuple((offsets[i], _length(kinds[i])) for i in slots)
+        # (offset, length, address field) of each slot: a map's length, 0 for a pointer;
+        # a map slot's address field once ``address_slots`` gave it one
+        self._slots: tuple[tuple[int, int, Any], ...] = tuple(
+            (offsets[i], _length(kinds[i]), None) for i in slots
+        )
         self._lock = threading.Lock()
         self._call = (
             ctypes.c_void_p(function), *grid, *block, shared_bytes, ctypes.c_void_p(stream),
             params, None,
         )  # fmt: skip
 
+    def address_slots(self, fields: Sequence[Any]) -> None:
+        """From now on the last ``len(fields)`` slots (encoded maps) each take the address
+        their map moves to, not a whole map: the call writes ``field.word(address)`` at
+        ``field.offset`` of the map packed first (attncc.runtime.tensor_map.AddressField)."""
+        with self._lock:
+            head = self._slots[: len(self._slots) - len(fields)]
+            tail = self._slots[len(head) :]
+            if any(length == 0 for _, length, _ in tail):
+                raise ValueError("address fields name encoded maps' slots only")
+            moved = tuple((at, length, f) for (at, length, _), f in zip(tail, fields, strict=True))
+            self._slots = (*head, *moved)
+
     def __call__(self, *values: int | bytes) -> None:
         if len(values) != len(self._slots):
             raise TypeError(f"a launch with {len(self._slots)} slots, given {len(values)} values")
         with self._lock:
-            for (at, length), value in zip(self._slots, values, strict=True):
-                if isinstance(value, bytes):
+            for (at, length, field), value in zip(self._slots, values, strict=True):
+                if field is not None:
+                    _POINTER.pack_into(self._bytes, at + field.offset, field.word(value))
+                elif isinstance(value, bytes):
                     self._bytes[at : at + length] = value
                 else:
                     _POINTER.pack_into(self._bytes, at, value)

@@ -36,7 +36,8 @@ class Kernel:
     ``host_source`` the Python module loaded (empty: ``source`` itself, as for Triton).
     ``fallback`` (target "auto" resolved to "cuda") builds the spec's Triton kernel, which
     runs the calls the CUDA target has no sm_90a kernel for (CPU tensors, fp32, head dims
-    past 128, unaligned layouts, few queries), compiled on the first such call.
+    past 128, unaligned layouts, few queries or fewer query tiles than multiprocessors),
+    compiled on the first such call.
     """
 
     name: str
@@ -142,7 +143,7 @@ class Kernel:
             return self.target
         tensors, params = self._host._bind(args, kwargs)
         sizes, dtype, device = self._host._check(tensors, params)
-        return "cuda" if self._host._takes_wgmma(tensors, sizes, dtype, device) else "triton"
+        return "cuda" if self._host._auto_takes_cuda(tensors, sizes, dtype, device) else "triton"
 
     def warm(self, *args: Any, **kwargs: Any) -> int:
         """Compile, without timing, every launch configuration autotuning would try for

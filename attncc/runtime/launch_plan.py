@@ -127,15 +127,26 @@ class FusedPlan:
         self.maps = tuple(maps)
         self.conversions = tuple(conversions)
         self.keep = tuple(keep)  # the kernels (their loaded cubin) and buffers launches point at
+        # where each map holds its address (tensor_map.AddressField), found on the first
+        # call: None until then, () where a map has none (each call encodes its maps)
+        self.fields: tuple[tensor_map.AddressField, ...] | None = None if maps else ()
+        self._lock = threading.Lock()
 
     def __call__(self, tensors: dict[str, Any]) -> Result | None:
         if driver.current_context() != self.context:
             return None
         tensors = convert(tensors, self.conversions)
-        try:
-            maps = [tensor_map.encode(tensors[n].data_ptr(), *layout) for n, layout in self.maps]
-        except tensor_map.TensorMapRefused:
-            return None
+        if self.fields is None:
+            self._find_fields(tensors)
+        maps: list[Any]
+        if self.fields:
+            # the maps packed in the launch move to this call's tensors (one word each)
+            maps = [tensors[n].data_ptr() for n, _ in self.maps]
+        else:
+            try:
+                maps = [tensor_map.encode(tensors[n].data_ptr(), *lay) for n, lay in self.maps]
+            except tensor_map.TensorMapRefused:
+                return None
         out, lse = self.allocate()
         pointers = self.pointers(tensors, out, lse)
         if self.builder is None:
@@ -147,6 +158,19 @@ class FusedPlan:
         self.builder(*pointers, index.data_ptr())
         self.attend(*pointers, index.data_ptr(), *maps)
         return out, lse
+
+    def _find_fields(self, tensors: dict[str, Any]) -> None:
+        with self._lock:
+            if self.fields is not None:
+                return
+            found = [
+                tensor_map.layout_address_field(layout, tensors[name].data_ptr())
+                for name, layout in self.maps
+            ]
+            fields = tuple(f for f in found if f is not None)
+            if len(fields) == len(found):
+                self.attend.address_slots(fields)  # the maps are the launch's last slots
+            self.fields = fields if len(fields) == len(found) else ()
 
 
 def empty(out: torch.Tensor, lse: torch.Tensor) -> Result:

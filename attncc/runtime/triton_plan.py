@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from attncc.runtime import tensor_descriptors
+
 Result = tuple[torch.Tensor, torch.Tensor]
 
 # torch functions that create a tensor from sizes alone (no tensor argument)
@@ -95,6 +97,7 @@ class _Recorder(TorchFunctionMode):
     def __init__(self, inputs: dict[str, Any]) -> None:
         super().__init__()
         self.sources: dict[int, Source] = {id(t): ("input", n) for n, t in inputs.items()}
+        self.input_pointers = {n: t.data_ptr() for n, t in inputs.items()}
         self.tensors: list[torch.Tensor] = []  # keeps ids alive while recording
         self.allocations: list[_Allocation] = []
         self.fills: list[tuple[int, Callable[..., Any], tuple[Any, ...]]] = []
@@ -220,7 +223,19 @@ class TritonPlan:
             )
             for step in recorder.steps
         )
-        self.launches = tuple(_launch_args(s) for s in self.steps) if device is not None else ()
+
+        def pointer(source: Source) -> int:  # a tensor's pointer in the recorded call
+            if source[0] == "input":
+                return int(recorder.input_pointers[source[1]])
+            return recorder.tensors[source[1]].data_ptr()
+
+        self.launches = (
+            tuple(_launch_args(s, pointer) for s in self.steps) if device is not None else ()
+        )
+        # launches that rewrite tensor maps they keep (descriptor patches) hold this while
+        # patching and launching: two threads replaying the plan share those maps
+        self.patched = any(launch[6] for launch in self.launches)
+        self._lock = threading.Lock()
 
     def __call__(self, tensors: dict[str, Any]) -> Result | None:
         """The call's (out, lse), or None where it cannot replay here (another current
@@ -248,18 +263,11 @@ class TritonPlan:
             block = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=self.device)
             base = block.data_ptr()
         if compiled:
-            for launch, template, inputs, allocated, offsets, descriptors in self.launches:
-                args = template.copy()
-                args[3] = stream
-                for at, name in inputs:
-                    args[at] = tensors[name].data_ptr()
-                for at, allocation in allocated:
-                    args[at] = allocs[allocation].data_ptr()
-                for at, offset in offsets:
-                    args[at] = base + offset
-                for at, source in descriptors:
-                    args[at] = _resolve(source, tensors, allocs)
-                launch(*args)
+            if self.patched:
+                with self._lock:
+                    self._launch(stream, tensors, allocs, base)
+            else:
+                self._launch(stream, tensors, allocs, base)
             return allocs[self.outputs[0]], allocs[self.outputs[1]]
         for step in self.steps:
             values = list(step.values)
@@ -270,10 +278,28 @@ class TritonPlan:
             step.kernel.run(*values[:positional], grid=step.grid, warmup=False, **keywords)
         return allocs[self.outputs[0]], allocs[self.outputs[1]]
 
+    def _launch(self, stream: int, tensors: dict[str, Any], allocs: list[Any], base: int) -> None:
+        for launch, template, inputs, allocated, offsets, descriptors, patches in self.launches:
+            args = template.copy()
+            args[3] = stream
+            for at, name in inputs:
+                args[at] = tensors[name].data_ptr()
+            for at, allocation in allocated:
+                args[at] = allocs[allocation].data_ptr()
+            for at, offset in offsets:
+                args[at] = base + offset
+            for at, source in descriptors:
+                args[at] = _resolve(source, tensors, allocs)
+            for move, source in patches:
+                move(_resolve(source, tensors, allocs).data_ptr())
+            launch(*args)
+
 
 # a compiled step's launch: the function, its arguments with the stream (at 3) and the
 # call's pointers left to fill, and where each pointer goes: (position, input name),
-# (position, allocation index), (position, scratch offset), (position, descriptor source)
+# (position, allocation index), (position, scratch offset), (position, descriptor source);
+# last the tensor maps it keeps in its arguments, each moved to its base's pointer before
+# the launch: (move, base source)
 _Launch = tuple[
     Callable[..., Any],
     list[Any],
@@ -281,20 +307,30 @@ _Launch = tuple[
     tuple[tuple[int, int], ...],
     tuple[tuple[int, int], ...],
     tuple[tuple[int, Source], ...],
+    tuple[tuple[Callable[[int], None], Source], ...],
 ]
 
 
-def _launch_args(step: _Step) -> _Launch:
+def _launch_args(step: _Step, pointer: Callable[[Source], int]) -> _Launch:
     launch, middle = _launcher(step.compiled)
     head = [*step.grid, None, *middle]
     shift = len(head)
+    expanded = tensor_descriptors.expand(launch, step.values, dict(step.slots), pointer)
+    if expanded is not None:
+        # Triton's descriptor wrapper left out: its maps are kept and moved, not encoded
+        # again each call (a map's encoding cost 10.8 us of a 34 us replay, H200)
+        raw, values, slots, patches = expanded
+        where = {kind: tuple((shift + at, s[1]) for at, s in slots if s[0] == kind)
+                 for kind in ("input", "alloc", "scratch")}  # fmt: skip
+        template = [*head, *values]
+        return raw, template, where["input"], where["alloc"], where["scratch"], (), patches
 
-    def where(kind: str) -> tuple[tuple[int, Any], ...]:
+    def at_kind(kind: str) -> tuple[tuple[int, Any], ...]:
         return tuple((shift + at, s[1]) for at, s in step.slots if s[0] == kind)
 
     descriptors = tuple((shift + at, s) for at, s in step.slots if s[0] == "desc")
     template = [*head, *step.values]
-    return launch, template, where("input"), where("alloc"), where("scratch"), descriptors
+    return launch, template, at_kind("input"), at_kind("alloc"), at_kind("scratch"), descriptors, ()
 
 
 def _launcher(compiled: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:

@@ -512,6 +512,29 @@ def test_the_calls_that_take_the_wgmma_kernels(monkeypatch: pytest.MonkeyPatch) 
         assert documents._takes_wgmma(tensors, sizes, torch.bfloat16, cuda) == expected
 
 
+def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An auto kernel runs a call on the sm_90a kernels only with a 128-row query tile for
+    every multiprocessor: 2 x 8 heads of 512 queries (32 tiles) go to Triton on 132 SMs,
+    of 2048 queries (256 tiles) stay; a call the kernels cannot take never stays."""
+    causal = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
+    monkeypatch.setattr(causal, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(causal, "_multiprocessors", lambda device: 132)
+    cuda = torch.device("cuda", 0)
+
+    def stays(rows: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+        q = torch.zeros(2, 8, rows, 64, dtype=dtype)
+        tensors, _ = causal._bind([q, q, q], {})
+        sizes = {"B": 2, "H": 8, "M": rows, "N": rows, "D": 64}
+        return bool(causal._auto_takes_cuda(tensors, sizes, dtype, cuda))
+
+    assert not stays(512) and not stays(64)
+    assert stays(2048) and stays(1057)  # 2 x 8 x 9 tiles
+    assert not stays(1056 - 127)  # 2 x 8 x 8 = 128 tiles
+    assert not stays(4096, torch.float32)
+
+
 def few_query_call(module: Any) -> tuple[dict[str, Any], dict[str, int]]:
     """Speculative decode's inputs with one draft query (its split-KV path)."""
     q = torch.zeros(2, 8, 1, 64, dtype=torch.bfloat16)

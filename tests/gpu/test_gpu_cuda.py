@@ -189,6 +189,10 @@ def test_cuda_launch_plans_serve_repeated_calls() -> None:
         args = inputs()
         assert_close(kernel(*args), args)
     assert len(module._PLANS) == 1
+    # K's and V's maps move to each call's tensors by their address word, found from the
+    # driver's own encodings (tensor_map.address_field), not encoded again
+    (plan,) = module._PLANS._plans.values()
+    assert plan.maps and plan.fields and len(plan.fields) == len(plan.maps)
     args = inputs(torch.int64)
     assert_close(kernel(*args), args)
     q, k, v, doc = inputs()

@@ -144,15 +144,26 @@ def test_plans_keep_the_newest_up_to_their_limit() -> None:
 class _Recorded:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
+        self.fields: list[Any] = []
 
     def __call__(self, *values: Any) -> None:
         self.calls.append(values)
 
+    def address_slots(self, fields: Any) -> None:
+        self.fields = list(fields)
 
-def _plan(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tuple[launch_plan.FusedPlan, Any]:
+
+def _plain_map(ptr: int, *layout: Any) -> bytes:
+    return ptr.to_bytes(128, "little")
+
+
+def _plan(
+    monkeypatch: pytest.MonkeyPatch, encoding: Any = _plain_map, **kwargs: Any
+) -> tuple[launch_plan.FusedPlan, Any]:
     contexts = [11]
     monkeypatch.setattr(driver, "current_context", lambda: contexts[0])
-    monkeypatch.setattr(tensor_map, "encode", lambda ptr, *layout: ptr.to_bytes(128, "little"))
+    monkeypatch.setattr(tensor_map, "encode", encoding)
+    monkeypatch.setattr(tensor_map, "encode_map", encoding)
 
     def allocate() -> tuple[torch.Tensor, torch.Tensor]:
         return torch.empty(2, 4, 64, 64), torch.empty(0)
@@ -185,7 +196,60 @@ def test_a_plan_fills_each_calls_pointers_index_and_maps(monkeypatch: pytest.Mon
     k_ptr = inputs["k"].data_ptr()
     assert built[0] == k_ptr and built[2] == out.data_ptr()
     assert built[1] != inputs["doc"].data_ptr()  # the converted copy
-    assert attended[:4] == built and attended[4] == k_ptr.to_bytes(128, "little")
+    # the map packed in the launch moves to this call's K: its address, one word of it
+    assert attended[:4] == built and attended[4] == k_ptr
+    assert plan.attend.fields == [tensor_map.AddressField(0, 0, 0)]  # type: ignore[attr-defined]
+
+
+def _shifted_map(ptr: int, *layout: Any) -> bytes:
+    """A map whose word at byte 16 holds the address in 16-byte units over flag bits, the
+    rest the layout's: as the driver's own format may hold it."""
+    head = bytes([len(layout)]) * 16
+    word = ((ptr >> 4) | (5 << 56)).to_bytes(8, "little")
+    return head + word + bytes(range(104))
+
+
+def _scrambled_map(ptr: int, *layout: Any) -> bytes:
+    return bytes((ptr * 2654435761 >> i) & 0xFF for i in range(128))
+
+
+def test_an_address_field_is_read_from_the_encodings_and_reproduces_them() -> None:
+    """The word that changes with the address, its shift and the bits around it are found by
+    encoding at a few addresses; rewriting it gives exactly the encoding of another address.
+    An encoding no single word's rewrite reproduces has no field."""
+    field = tensor_map.address_field(lambda at: _shifted_map(at), 2**36 + 4096)
+    assert field is not None and (field.offset, field.shift) == (16, 4)
+    elsewhere = 2**41 + 16 * 12345
+    assert field.patched(_shifted_map(2**36 + 4096), elsewhere) == _shifted_map(elsewhere)
+    assert tensor_map.address_field(_scrambled_map, 2**36 + 4096) is None
+
+
+def test_a_plan_without_an_address_field_encodes_each_calls_maps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    layout = (torch.bfloat16, 64, 64, 64, 65, 128)
+    plan, _ = _plan(monkeypatch, _scrambled_map, maps=[("k", layout)])
+    inputs = _inputs()
+    assert plan(inputs) is not None
+    (attended,) = plan.attend.calls  # type: ignore[attr-defined]
+    assert attended[-1] == _scrambled_map(inputs["k"].data_ptr())
+    assert plan.fields == ()
+
+
+def test_address_slots_rewrite_one_word_of_the_packed_map(fake_driver: _FakeDriver) -> None:
+    """A map slot given an address field takes an address: the launch passes the map packed
+    first with that word rewritten, every other byte as packed; a pointer slot is unchanged."""
+    first = _shifted_map(2**36)
+    args = [*ARGS[:3], first, ARGS[4]]
+    launch = driver.Launch(0x1234, (2, 1, 1), (128, 1, 1), 0, 0, args, slots=(0, 3))
+    field = tensor_map.address_field(_shifted_map, 2**36)
+    launch.address_slots([field])
+    launch(2**33, 2**40 + 16 * 77)
+    (passed,) = fake_driver.launches
+    assert passed[0] == np.uint64(2**33).tobytes()
+    assert passed[3] == _shifted_map(2**40 + 16 * 77)
+    with pytest.raises(ValueError, match="maps' slots only"):
+        driver.Launch(0x1234, (1, 1, 1), (32, 1, 1), 0, 0, args, slots=(0,)).address_slots([field])
 
 
 def test_a_plan_launches_nothing_in_another_context(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ from triton.runtime.jit import KernelInterface
 from attncc.checking import draw_sizes, make_inputs
 from attncc.runtime import triton_plan
 from attncc.runtime.jit import interpreter
+from attncc.runtime.launch_plan import Plans
 from tests.kernels._support import DEVICE, compiled
 
 CASES = [
@@ -69,6 +70,27 @@ def test_a_repeated_call_replays_and_matches_the_full_path(
     else:
         got_out = got
     torch.testing.assert_close(got_out, out, rtol=0, atol=0, equal_nan=True)
+
+
+def test_replays_on_fresh_tensors_move_the_descriptor_maps_to_them() -> None:
+    """bf16 at a head dim the TMA copies take, each call on tensors at new addresses: every
+    replay gives exactly the full path's output. On a GPU a configuration with TMA copies
+    replays with its maps kept and moved (one word each), never encoded again."""
+    kernel = compiled("causal", "fused")
+    gen = torch.Generator().manual_seed(4)
+    calls = [
+        {n: torch.randn(1, 2, 64, 64, generator=gen).to(DEVICE, torch.bfloat16) for n in "qkv"}
+        for _ in range(4)
+    ]
+    kernel(**calls[0])
+    for inputs in calls[1:]:
+        assert kernel.launch_path(**inputs) == "replay"
+        torch.testing.assert_close(
+            kernel(**inputs), _full_path(kernel, inputs, False)[0], rtol=0, atol=0
+        )
+    if DEVICE == "cuda" and kernel.launch_config(**calls[0]).get("tma"):
+        key = Plans.key(calls[0], {}, False, False, stream=False)
+        assert kernel._geometry(key).plan.patched
 
 
 def test_a_changed_layout_dtype_or_size_never_reuses_a_plan() -> None:

@@ -1,0 +1,166 @@
+"""Triton's host tensor descriptors in a replayed launch: expanded once, their maps moved.
+
+Triton's launcher for a kernel taking ``TensorDescriptor`` arguments wraps the compiled
+launch function in Python (``wrap_handle_tensordesc``): every call it expands each descriptor
+into the kernel's parameters, encoding a new CUtensorMap (``fill_tma_descriptor``, the
+driver's ``cuTensorMapEncodeTiled``) from the descriptor's base, shape, strides and block.
+In a replayed call (attncc.runtime.triton_plan) all of that but the base pointer is fixed by
+the call geometry. ``expand`` therefore calls the compiled launch function directly, with
+each descriptor expanded once when the plan is made: its map encoded then and moved to each
+call's tensor by rewriting the one word that holds its address (tensor_map.AddressField,
+read from the driver's own encodings), or, for a descriptor Triton passes unencoded, its
+base as a plain pointer argument.
+
+Where the launcher is not the wrapper this module knows (another Triton version), or a map's
+address field cannot be found, ``expand`` returns None and the replay keeps Triton's path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from attncc.runtime import tensor_map
+
+# a tensor's source in a recorded call (attncc.runtime.triton_plan.Source)
+Source = tuple[Any, ...]
+_MAP_BYTES = 128
+
+Expanded = tuple[
+    Callable[..., Any],  # the compiled launch function
+    list[Any],  # the kernel's arguments, descriptors expanded
+    list[tuple[int, Source]],  # pointer slots: (position in those, source)
+    tuple[tuple[Callable[[int], None], Source], ...],  # (move a kept map, its base's source)
+]
+
+
+def expand(
+    launch: Any, values: Sequence[Any], slots: dict[int, Source], pointer: Callable[[Source], int]
+) -> Expanded | None:
+    """``launch`` (Triton's launch function for one kernel) unwrapped, with the kernel's
+    argument ``values`` (None at ``slots``, positions filled each call from their source)
+    expanded as the wrapper would; ``pointer`` gives a source's pointer in the recorded call
+    (where the maps are first encoded). None: leave the launch as it is."""
+    unwrapped = _unwrapped(launch)
+    if unwrapped is None:
+        return None
+    raw, metas = unwrapped
+    try:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+    except ImportError:
+        return None
+    out: list[Any] = []
+    out_slots: list[tuple[int, Source]] = []
+    patches: list[tuple[Callable[[int], None], Source]] = []
+    for at, value in enumerate(values):
+        source = slots.get(at)
+        if at not in metas:
+            if source is not None and source[0] == "desc":
+                return None  # a descriptor where the wrapper expects none
+            if source is not None:
+                out_slots.append((len(out), source))
+            out.append(value)
+            continue
+        meta = metas[at]
+        if source is None:  # a descriptor over a buffer the module keeps: the same each call
+            out.extend(make_tensordesc_arg(value, meta))
+            continue
+        if source[0] != "desc":
+            return None
+        _, base, shape, strides, _block, padding = source
+        if meta is None:
+            # passed unencoded: [base, *shape, *strides, padding is NaN, *shape, *strides]
+            out_slots.append((len(out), base))
+            out.extend([None, *shape, *strides, padding == "nan", *shape, *strides])
+            continue
+        moving = _moving_map(make_tensordesc_arg, meta, shape, strides, padding, pointer(base))
+        if moving is None:
+            return None
+        expansion, move = moving
+        out.extend(expansion)
+        patches.append((move, base))
+    return raw, out, out_slots, tuple(patches)
+
+
+def _unwrapped(launch: Any) -> tuple[Callable[..., Any], dict[int, Any]] | None:
+    """The compiled launch function inside Triton's descriptor wrapper, and each descriptor
+    argument's position with its metadata (None: passed unencoded)."""
+    code, closure = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
+    if code is None or not closure:
+        return None
+    try:
+        cells = {
+            name: cell.cell_contents for name, cell in zip(code.co_freevars, closure, strict=True)
+        }
+    except ValueError:  # an empty cell
+        return None
+    raw, indices, metas = (
+        cells.get(n) for n in ("launcher", "tensordesc_indices", "tensordesc_meta")
+    )
+    if not callable(raw) or not indices or metas is None or len(metas) != len(indices):
+        return None
+    # the wrapper hands out metadata in the order of the positions
+    return raw, dict(zip(sorted(indices), metas, strict=True))
+
+
+class _Base:
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+class _Descriptor:
+    """What ``make_tensordesc_arg`` reads of a TensorDescriptor, at a given base address."""
+
+    def __init__(self, address: int, shape: Any, strides: Any, padding: Any) -> None:
+        self.base = _Base(address)
+        self.shape, self.strides, self.padding = list(shape), list(strides), padding
+
+
+def _map_address(holder: Any) -> int | None:
+    """Where Triton's map object holds its CUtensorMap: its last 128 bytes (the struct's
+    128-byte-aligned last member); None for another kind of object."""
+    size = getattr(type(holder), "__basicsize__", 0)
+    if type(holder).__name__ != "PyCUtensorMap" or size < _MAP_BYTES + 16:
+        return None
+    return id(holder) + size - _MAP_BYTES
+
+
+def _moving_map(
+    make: Callable[[Any, Any], list[Any]],
+    meta: Any,
+    shape: Any,
+    strides: Any,
+    padding: Any,
+    address: int,
+) -> tuple[list[Any], Callable[[int], None]] | None:
+    """A descriptor's expansion with its map encoded at ``address``, and the function that
+    moves that map to another base address; None where the address field is not found."""
+
+    def encoded(at: int) -> bytes:
+        holder = make(_Descriptor(at, shape, strides, padding), meta)[0]
+        where = _map_address(holder)
+        if where is None:
+            raise tensor_map.TensorMapRefused("not a map object")
+        return ctypes.string_at(where, _MAP_BYTES)
+
+    try:
+        field = tensor_map.address_field(encoded, address)
+    except (RuntimeError, ValueError, TypeError):  # the encoder refused a probe
+        return None
+    if field is None:
+        return None
+    expansion = make(_Descriptor(address, shape, strides, padding), meta)
+    holder = expansion[0]
+    where = _map_address(holder)
+    if where is None:
+        return None
+    word = ctypes.c_uint64.from_address(where + field.offset)
+
+    def move(base: int, holder: Any = holder) -> None:  # holder: keeps the map alive
+        word.value = field.word(base)
+
+    return expansion, move
