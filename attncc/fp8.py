@@ -128,7 +128,11 @@ def _per_row(descale: torch.Tensor, rows: int | None, s: int) -> torch.Tensor:
 def _quantize_one(x: torch.Tensor, rows: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     x = x.to(torch.float32) if x.dtype != torch.float64 else x
     amax = _block_amax(x, rows)
-    descale = torch.where(amax > 0, amax / FP8_MAX, torch.full_like(amax, _ZERO_BLOCK_DESCALE))
+    # a tensor divisor: PyTorch's CUDA kernels divide by a Python number as a multiplication
+    # by its reciprocal, one rounding away from the IEEE quotient the CPU (and the kernel,
+    # div_rn) computes
+    fp8_max = torch.full_like(amax, FP8_MAX)
+    descale = torch.where(amax > 0, amax / fp8_max, torch.full_like(amax, _ZERO_BLOCK_DESCALE))
     scaled = x / _per_row(descale, rows, x.shape[-2])
     # Division may land a hair above 448; e4m3fn has no infinity and would give NaN.
     x8 = scaled.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
@@ -225,6 +229,8 @@ def _quantize_tensor(
 # One program holds a whole block (padded rows x padded head dim) in registers, as float32:
 # 128 x 128 is 64 KiB over 8 warps; past 32768 elements it would spill.
 _KERNEL_MAX_ELEMENTS = 32768
+# shared memory the rotation's operands may take (an H100/H200 gives a block 227 KiB)
+_KERNEL_MAX_SHARED = 200 * 1024
 # tl.dot's smallest tile side; also the smallest padding of the kernel's block
 _MIN_TILE = 16
 
@@ -235,14 +241,20 @@ def _padded(n: int) -> int:
 
 def _kernel_takes(x: torch.Tensor, rows: int, rotate: bool) -> bool:
     """Whether the Triton kernel quantises ``x``: on CUDA, or on the CPU while Triton's
-    interpreter is on; float16/bfloat16/float32; not empty; a block that fits."""
+    interpreter is on; float16/bfloat16/float32; not empty; a block that fits, and with the
+    rotation, a product whose operands fit in shared memory."""
     interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
     on_device = x.device.type == "cuda" or (x.device.type == "cpu" and interpreted)
+    d_pad = _padded(x.shape[-1])
+    # the rotation's tl.dot stages the block and the D x D signs in shared memory:
+    # float32 at D=256 needs 384 KiB, past an H100/H200's 227 (Triton's OutOfResources)
+    rotation_bytes = (_padded(rows) + d_pad) * d_pad * x.element_size() if rotate else 0
     return (
         on_device
         and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
         and x.numel() > 0
-        and _padded(rows) * _padded(x.shape[-1]) <= _KERNEL_MAX_ELEMENTS
+        and _padded(rows) * d_pad <= _KERNEL_MAX_ELEMENTS
+        and rotation_bytes <= _KERNEL_MAX_SHARED
     )
 
 

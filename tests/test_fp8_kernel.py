@@ -94,9 +94,11 @@ def test_strided_and_other_ranks(hadamard: bool) -> None:
 @pytest.mark.parametrize("d", [8, 64, 128, 256])
 def test_rotation_of_exact_sums_is_bit_for_bit(d: int) -> None:
     """Integer inputs: every partial sum of the rotation is an exact float32, so the matmul
-    and the butterfly must agree to the bit (D=8 pads the matmul to 16)."""
-    q = (randn((1, 2, 70, d), 6, torch.float32) * 20).round()
-    k = (randn((1, 2, 50, d), 7, torch.float32) * 20).round()
+    and the butterfly must agree to the bit (D=8 pads the matmul to 16). D=256 in bf16 (its
+    integers exact too): float32 operands of that rotation exceed shared memory."""
+    dtype = torch.bfloat16 if d == 256 else torch.float32
+    q = (randn((1, 2, 70, d), 6, torch.float32) * 20).round().to(dtype)
+    k = (randn((1, 2, 50, d), 7, torch.float32) * 20).round().to(dtype)
     v = randn((1, 2, 50, 16), 8, torch.float32)
     got = kernel_quantize(q, k, v, block=(32, 16), hadamard=True)
     assert_identical(got, quantize_torch(q, k, v, block=(32, 16), hadamard=True))
@@ -174,3 +176,10 @@ def test_torch_path_outside_the_kernel_cases() -> None:
         assert_identical(got, quantize_torch(x, x, x, **kwargs))  # type: ignore[arg-type]
     assert not attncc.fp8._kernel_takes(q, 1024, False)
     assert not attncc.fp8._kernel_takes(q.double(), 16, False)
+    # the rotation's operands in shared memory: float32 at D=256 (384 KiB) does not fit an
+    # H100/H200 block (Triton's OutOfResources on the GPU); 16-bit (192 KiB) does
+    wide = randn((1, 2, 128, 256), 14, torch.float32)
+    with interpreter(True):
+        assert not attncc.fp8._kernel_takes(wide, 128, True)
+        assert attncc.fp8._kernel_takes(wide, 128, False)
+        assert attncc.fp8._kernel_takes(wide.to(torch.bfloat16), 128, True)

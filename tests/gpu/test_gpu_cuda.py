@@ -124,8 +124,8 @@ def test_auto_target_runs_cuda_where_it_is_faster_and_triton_elsewhere(
 ) -> None:
     """target "auto" (the default) on an H100/H200: CUDA for fused prefill (a tile index
     too), Triton for decode; an auto CUDA kernel's calls without an sm_90a kernel (fp32,
-    head dim 256) run the Triton kernel, built on the first of them. Every call matches the
-    reference."""
+    head dim 256) or with fewer query tiles than multiprocessors run the Triton kernel,
+    built on the first of them. Every call matches the reference."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("auto picks the CUDA target on sm_90 GPUs only")
     monkeypatch.delenv("ATTNCC_TARGET", raising=False)  # the suite's conftest pins triton
@@ -134,14 +134,21 @@ def test_auto_target_runs_cuda_where_it_is_faster_and_triton_elsewhere(
     assert attncc.compile(EXAMPLE_DIR / "document_mask.attn").target == "cuda"
     assert attncc.compile(EXAMPLE_DIR / "decode.attn").target == "triton"
     gen = torch.Generator().manual_seed(2)
-    for dtype, head_dim in ((torch.bfloat16, 128), (torch.float32, 64), (torch.bfloat16, 256)):
-        qkv = [torch.randn(2, 3, 300, head_dim, generator=gen).to(dtype) for _ in range(3)]
+    cases = ((torch.bfloat16, 128, 600), (torch.float32, 64, 600), (torch.bfloat16, 256, 600))
+    # 4 x 8 x 600 queries: 160 tiles of 128 rows, enough to fill 132 multiprocessors; 2 x 3
+    # x 300 (18 tiles) goes to Triton even where the sm_90a kernels could take it
+    cases += ((torch.bfloat16, 128, 300),)
+    for dtype, head_dim, rows in cases:
+        batch, heads = (4, 8) if rows == 600 else (2, 3)
+        qkv = [torch.randn(batch, heads, rows, head_dim, generator=gen).to(dtype) for _ in "qkv"]
         out = kernel(*(t.cuda() for t in qkv))
         expected = torch.from_numpy(reference(kernel.spec)(*qkv))
         error = (out.double().cpu() - expected).abs().max().item()
         assert error < 3e-2, (dtype, head_dim, error)
-        # the first call (bf16, head dim 128) ran the sm_90a kernel, the others Triton
-        assert (kernel._fallback_kernel is None) == (head_dim == 128), (dtype, head_dim)
+        # the first call (bf16, head dim 128, 160 tiles) ran the sm_90a kernel, the others Triton
+        assert (kernel._fallback_kernel is None) == (head_dim == 128 and rows == 600)
+        backend = kernel.backend_for(*(t.cuda() for t in qkv))
+        assert backend == ("cuda" if head_dim == 128 and rows == 600 else "triton")
 
 
 def test_cuda_graph_capture() -> None:
