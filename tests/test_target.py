@@ -211,6 +211,19 @@ def test_an_auto_cuda_kernel_runs_other_calls_on_triton(monkeypatch: pytest.Monk
     out, lse = kernel(q, k, v, scale=0.3, return_lse=True)
     assert (out.double() - torch.from_numpy(expected)).abs().max() < 1e-4
     assert (lse.double() - torch.from_numpy(expected_lse)).abs().max() < 1e-4
+    # a repeated call of a geometry handed over goes to the fallback directly: the CUDA host
+    # module's own entry is not called again
+    host_calls: list[int] = []
+    forward = kernel._host._forward
+    monkeypatch.setattr(kernel._host, "_forward", lambda *a: host_calls.append(1) or forward(*a))
+    q2, k2, v2 = (t * 0.5 for t in (q, k, v))
+    again = kernel(q2, k2, v2, scale=0.3, return_lse=True)
+    assert host_calls == []
+    torch.testing.assert_close(
+        again, kernel._fallback_kernel(q2, k2, v2, scale=0.3, return_lse=True)
+    )
+    kernel(q, k[:, :, :8], v[:, :, :8])  # a geometry not handed over yet: the host decides
+    assert host_calls == [1]
     with pytest.raises(ValueError, match="target 'cuda' needs CUDA tensors"):
         attncc.compile(EXAMPLES / "causal.attn", target="cuda")(q, k, v)
     monkeypatch.setenv(TARGET_ENV, "")  # unset in effect: the rule, with its fallback

@@ -59,6 +59,10 @@ class Kernel:
     # choice decided (sizes, dtype, device, params with defaults, config), so a repeated
     # call skips both and goes straight to the module's _launch
     _geometries: Plans = field(init=False, repr=False)
+    # target "auto": the call geometries (stream-free Plans.key) its host module handed to the
+    # Triton fallback, which later calls of them go to directly (the host's own plan lookup
+    # cost 4-5 us of CPU a call more, H200: benchmarks/calls.py auto against triton rows)
+    _falls_back: Plans = field(init=False, repr=False)
     _pinned: bool = field(init=False, repr=False)
     # how a returned log-sum-exp is permuted into the scores' order (None: as written)
     _lse_permutation: tuple[int, ...] | None = field(init=False, repr=False)
@@ -67,6 +71,7 @@ class Kernel:
         self.path = module_path(self.name, self.host_source or self.source)
         self.tuner = Tuner(self.ir, self.path.stem)
         self._geometries = Plans()
+        self._falls_back = Plans()
         # tiling options given to attncc.compile (block_n=32, ...) pin the IR's default
         # tiles: those calls keep the module's defaults, never the table or a tuned entry
         self._pinned = self.ir.tiling is not None and self.ir.tiling != Tile().run(self.ir).tiling
@@ -174,11 +179,27 @@ class Kernel:
     def _launch(
         self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.target != "triton":
-            fallback = self._fallback_launch if self.fallback is not None else None
-            return self._host._forward(tensors, params, return_lse, None, fallback)  # type: ignore[no-any-return]
+        if self.target == "triton":
+            key = Plans.key(tensors, params, return_lse, False, stream=False)
+            return self._launch_keyed(tensors, params, return_lse, key)
+        if self.fallback is None:
+            return self._host._forward(tensors, params, return_lse)  # type: ignore[no-any-return]
+        if len(self._falls_back):
+            key = Plans.key(tensors, params, return_lse, False, stream=False)
+            if self._falls_back.get(key) and self._fallback_kernel is not None:
+                return self._fallback_kernel._launch_keyed(tensors, params, return_lse, key)
+        forward = self._host._forward
+        return forward(tensors, params, return_lse, None, self._fallback_launch)  # type: ignore[no-any-return]
+
+    def _launch_keyed(
+        self,
+        tensors: dict[str, Any],
+        params: dict[str, Any],
+        return_lse: bool,
+        key: tuple[Any, ...] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A Triton target call's (out, lse); ``key``: its stream-free Plans.key."""
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
-        key = Plans.key(tensors, params, return_lse, False, stream=False)
         geometry = self._geometry(key)
         if geometry is not None and geometry.plan is not None:
             if on_cpu:
@@ -288,7 +309,9 @@ class Kernel:
         if self._fallback_kernel is None:
             assert self.fallback is not None
             self._fallback_kernel = self.fallback()
-        return self._fallback_kernel._launch(tensors, params, return_lse)
+        key = Plans.key(tensors, params, return_lse, False, stream=False)
+        self._falls_back.remember(key, True)
+        return self._fallback_kernel._launch_keyed(tensors, params, return_lse, key)
 
     def _fake(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         tensors, params, return_lse = self._split(args, kwargs)
