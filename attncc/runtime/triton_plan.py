@@ -10,7 +10,8 @@ params, ``return_lse``). So the first call of a geometry runs the module's ``_la
 shapes), which kernels it launches with which grid and arguments, and where each tensor
 argument comes from (an input, an allocation of this call, or a buffer the module keeps).
 A later call of the same geometry replays that: it allocates, fills in the data pointers and
-calls each compiled kernel's launcher directly.
+calls each compiled kernel's launcher directly. A kernel taking TMA tensor descriptors gets
+them expanded once, their maps moved to each call's tensors (attncc.runtime.tensor_descriptors).
 
 Recording refuses (the geometry keeps the full path) where the module does anything the
 replay could not repeat exactly: a torch operation other than allocating, filling a fresh
@@ -318,7 +319,8 @@ def _launch_args(step: _Step, pointer: Callable[[Source], int]) -> _Launch:
     expanded = tensor_descriptors.expand(launch, step.values, dict(step.slots), pointer)
     if expanded is not None:
         # Triton's descriptor wrapper left out: its maps are kept and moved, not encoded
-        # again each call (a map's encoding cost 10.8 us of a 34 us replay, H200)
+        # again each call (an encoding costs 5.7-11.7 us of CPU from Python, H200:
+        # benchmarks/call_parts.py)
         raw, values, slots, patches = expanded
         where = {kind: tuple((shift + at, s[1]) for at, s in slots if s[0] == kind)
                  for kind in ("input", "alloc", "scratch")}  # fmt: skip
