@@ -259,11 +259,14 @@ def test_a_buffer_the_module_keeps_is_reused_and_scratch_is_fresh() -> None:
     assert replayed is not None
     first, second = module.probe.seen
     assert second[2]() is cache["buffer"]  # the module's own buffer, not a fresh zeros
-    # the buffer is passed as it is; scratch, out and lse are allocated per call (nothing
-    # holds the first call's scratch)
-    assert [a.kept is not None for a in plan.allocations] == [True, False, False, False]
+    # the buffer is passed as it is; scratch and out are allocated per call (nothing holds
+    # the first call's scratch); the zero-element lse holds no data: the recorded one serves
+    assert [a.kept is not None for a in plan.allocations] == [True, False, False, True]
     assert first[3]() is None
     assert torch.equal(replayed[0], torch.full((4,), 12.0))
+    again = plan({"x": torch.full((4,), 20.0)})
+    assert again is not None and again[1] is replayed[1] and again[1].numel() == 0
+    assert again[0] is not replayed[0] and torch.equal(replayed[0], torch.full((4,), 12.0))
 
 
 def test_fp32_calls_follow_pytorchs_tf32_setting_even_when_replayed() -> None:
