@@ -61,7 +61,9 @@ class Kernel:
     _geometries: Plans = field(init=False, repr=False)
     # target "auto": the call geometries (stream-free Plans.key) its host module handed to the
     # Triton fallback, which later calls of them go to directly (the host's own plan lookup
-    # cost 4-5 us of CPU a call more, H200: benchmarks/calls.py auto against triton rows)
+    # cost 4-5 us of CPU a call more, H200: benchmarks/calls.py auto against triton rows);
+    # once there is one, calls that stay on the CUDA kernels compute that key too (~2 us),
+    # which their GPU time (a query tile on every multiprocessor) covers
     _falls_back: Plans = field(init=False, repr=False)
     _pinned: bool = field(init=False, repr=False)
     # how a returned log-sum-exp is permuted into the scores' order (None: as written)
