@@ -24,8 +24,6 @@ Result = tuple[torch.Tensor, torch.Tensor]
 # an input's encoded maps: (input name, tensor_map.encode's arguments after the pointer)
 MapSpec = tuple[str, tensor_map.MapLayout]
 
-# a call a kernel of target "auto" hands to its Triton fallback (a plan of its own kind)
-FALLS_BACK = "falls back"
 # params that may enter a key: their value and type say all (a tensor's value could change)
 _PLAIN_PARAMS = (int, float, bool)
 
@@ -167,10 +165,12 @@ class FusedPlan:
                 tensor_map.layout_address_field(layout, tensors[name].data_ptr())
                 for name, layout in self.maps
             ]
+            if any(f is None for f in found):
+                self.fields = ()
+                return
             fields = tuple(f for f in found if f is not None)
-            if len(fields) == len(found):
-                self.attend.address_slots(fields)  # the maps are the launch's last slots
-            self.fields = fields if len(fields) == len(found) else ()
+            self.attend.address_slots(fields)  # the maps are the launch's last slots
+            self.fields = fields
 
 
 def empty(out: torch.Tensor, lse: torch.Tensor) -> Result:

@@ -320,23 +320,29 @@ def _launch_args(step: _Step, pointer: Callable[[Source], int]) -> _Launch:
     launch, middle = _launcher(step.compiled)
     head = [*step.grid, None, *middle]
     shift = len(head)
-    expanded = tensor_descriptors.expand(launch, step.values, dict(step.slots), pointer)
+    values, slots = step.values, list(step.slots)
+    patches: tuple[tuple[Callable[[int], None], Source], ...] = ()
+    expanded = tensor_descriptors.expand(launch, values, dict(slots), pointer)
     if expanded is not None:
         # Triton's descriptor wrapper left out: its maps are kept and moved, not encoded
         # again each call (an encoding costs 5.7-11.7 us of CPU from Python, H200:
-        # benchmarks/call_parts.py)
-        raw, values, slots, patches = expanded
-        where = {kind: tuple((shift + at, s[1]) for at, s in slots if s[0] == kind)
-                 for kind in ("input", "alloc", "scratch")}  # fmt: skip
-        template = [*head, *values]
-        return raw, template, where["input"], where["alloc"], where["scratch"], (), patches
+        # benchmarks/call_parts.py); no descriptor slot is left
+        launch, values, slots, patches = expanded
 
     def at_kind(kind: str) -> tuple[tuple[int, Any], ...]:
-        return tuple((shift + at, s[1]) for at, s in step.slots if s[0] == kind)
+        return tuple((shift + at, s[1]) for at, s in slots if s[0] == kind)
 
-    descriptors = tuple((shift + at, s) for at, s in step.slots if s[0] == "desc")
-    template = [*head, *step.values]
-    return launch, template, at_kind("input"), at_kind("alloc"), at_kind("scratch"), descriptors, ()
+    descriptors = tuple((shift + at, s) for at, s in slots if s[0] == "desc")
+    template = [*head, *values]
+    return (
+        launch,
+        template,
+        at_kind("input"),
+        at_kind("alloc"),
+        at_kind("scratch"),
+        descriptors,
+        patches,
+    )
 
 
 def _launcher(compiled: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
