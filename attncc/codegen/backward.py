@@ -238,8 +238,10 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
         "uses_tanh": "tanh" in plan.functions_used(k),
         "tanh_approx": None,
         "uses_pow": "pow" in plan.functions_used(k),  # derivatives of pow call pow too
-        # the forward's tile index, built with the backward's tiles: dead pairs skipped
+        # the forward's tile index, built with the backward's tiles: dead pairs skipped,
+        # and where every mask is separable, its full pairs run without masks
         "tile_index": ctx.tile_index(),
+        "full_pairs": k.tile_index is not None and k.tile_index.full,
         "host_key_size": f"sizes[{k.key_axis.dim!r}]",
         "fast_division": False,
         "spec_lines": ctx.spec_lines,

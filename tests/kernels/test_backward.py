@@ -480,3 +480,34 @@ def test_gradients_written_in_the_inputs_dtype_match_the_float32_buffers(
     for tensor, grad in direct.items():
         assert grad.dtype == given[tensor].dtype
         assert torch.equal(grad, converted[tensor]), tensor
+
+
+@pytest.mark.parametrize("keys_major", [True, False])
+def test_full_document_pairs_run_without_masks_and_match_the_masked_path(
+    keys_major: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Document masks: the (query tile, key tile) pairs the tile index lists as full, every
+    score inside one document and below the diagonal, run without mask arithmetic in both
+    kernels; they give the gradients the masked path gives for them, bit for bit, within
+    the rule of the float64 reference. The last query tile is ragged (rows past the end)."""
+    kernel = compiled("document_mask", "fused")
+    given = inputs("document_mask", torch.float32, m=150, n=150)
+    grad_out = torch.randn(given["q"].shape, generator=torch.Generator().manual_seed(3))
+    grad_out = grad_out.to(DEVICE)
+    tiles = (16, 16, 4, 1)
+    config = {"dq_config": tiles, "dkdv_config": tiles, "dkdv_keys_major": keys_major}
+    module = kernel._backward.module(DEVICE == "cpu")  # type: ignore[union-attr]
+    live_tiles = module._live_tiles
+    seen: list[torch.Tensor] = []
+    monkeypatch.setattr(module, "_live_tiles", lambda *a: seen.append(live_tiles(*a)) or seen[-1])
+    direct = run_configured(kernel, given, grad_out, config, {})
+    assert len(seen) == 2 and all(bool((live == 2).any() & (live == 1).any()) for live in seen)
+    # every listed pair as partial: the masks applied everywhere
+    monkeypatch.setattr(module, "_live_tiles", lambda *a: live_tiles(*a).clamp(max=1))
+    masked = run_configured(kernel, given, grad_out, config, {})
+    assert all(torch.equal(direct[name], masked[name]) for name in direct)
+    spec = example_path("document_mask")
+    _, exact = reference_grads(spec, given, grad_out)
+    eager = eager_grads(spec, given, grad_out, dtype=torch.float32)
+    terms = gradient_terms(spec, given)
+    _assert_within_rule(direct, exact, eager, terms, given, torch.float32, "document_mask")
