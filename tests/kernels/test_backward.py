@@ -488,8 +488,10 @@ def test_full_document_pairs_run_without_masks_and_match_the_masked_path(
 ) -> None:
     """Document masks: the (query tile, key tile) pairs the tile index lists as full, every
     score inside one document and below the diagonal, run without mask arithmetic in both
-    kernels; they give the gradients the masked path gives for them, bit for bit, within
-    the rule of the float64 reference. The last query tile is ragged (rows past the end)."""
+    kernels; both paths' gradients are within the rule of the float64 reference. In the
+    interpreter, which runs every operation as written, they are the masked path's bit for
+    bit; compiled, the two paths' arithmetic is scheduled (and contracted into FMAs) apart,
+    so only the rule holds there. The last query tile is ragged (rows past the end)."""
     kernel = compiled("document_mask", "fused")
     given = inputs("document_mask", torch.float32, m=150, n=150)
     grad_out = torch.randn(given["q"].shape, generator=torch.Generator().manual_seed(3))
@@ -505,9 +507,11 @@ def test_full_document_pairs_run_without_masks_and_match_the_masked_path(
     # every listed pair as partial: the masks applied everywhere
     monkeypatch.setattr(module, "_live_tiles", lambda *a: live_tiles(*a).clamp(max=1))
     masked = run_configured(kernel, given, grad_out, config, {})
-    assert all(torch.equal(direct[name], masked[name]) for name in direct)
+    if DEVICE == "cpu":
+        assert all(torch.equal(direct[name], masked[name]) for name in direct)
     spec = example_path("document_mask")
     _, exact = reference_grads(spec, given, grad_out)
     eager = eager_grads(spec, given, grad_out, dtype=torch.float32)
     terms = gradient_terms(spec, given)
-    _assert_within_rule(direct, exact, eager, terms, given, torch.float32, "document_mask")
+    for grads in (direct, masked):
+        _assert_within_rule(grads, exact, eager, terms, given, torch.float32, "document_mask")
