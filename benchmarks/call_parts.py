@@ -57,6 +57,7 @@ def parts(spec: str, shape_text: str, dtype_name: str, target: str) -> dict[str,
         "empty out + lse": lambda: (torch.empty_like(out), torch.empty_like(lse)),
     }
     backend = kernel.backend_for(*args)
+    ab: dict[str, float] = {}
     if backend == "cuda":
         key = Plans.key(tensors, params, False, kernel.fallback is not None)
         plan = host._PLANS.get(key)
@@ -85,6 +86,8 @@ def parts(spec: str, shape_text: str, dtype_name: str, target: str) -> dict[str,
         if geometry is not None and geometry.plan is not None:
             plan = geometry.plan
             row["plan(tensors)"] = lambda: plan(tensors)
+            row.update(_triton_launch_parts(plan, tensors))
+            ab = _launchers_side_by_side(plan, lambda: kernel(*args))
     params_default = kernel.param_defaults(sizes)
     fraction = visible_fraction(kernel.ir, sizes, params_default, inputs)
     anchor = "sdpa-flash" if kernel.ir.query_axis is None else "sdpa"
@@ -92,7 +95,78 @@ def parts(spec: str, shape_text: str, dtype_name: str, target: str) -> dict[str,
     if runner is not None:
         row[f"{anchor} call"] = runner
     row["torch.empty x1"] = lambda: torch.empty_like(out)
-    return {name: issue_us(fn) for name, fn in row.items()} | {"backend": backend}  # type: ignore[dict-item]
+    timed = {name: issue_us(fn) for name, fn in row.items()} | ab
+    return timed | {"backend": backend}  # type: ignore[dict-item]
+
+
+class _Stub:
+    """A launch that records its arguments instead of launching."""
+
+    def __init__(self, captured: list[tuple[Callable[..., Any], tuple[Any, ...]]], real: Any):
+        self.captured, self.real = captured, real
+
+    def run(self, *args: Any) -> None:
+        self.captured.append((self.real.run, args))
+
+
+def _triton_launch_parts(plan: Any, tensors: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """A Triton plan's replay split in two: its Python work with every launch stubbed out,
+    and the launches alone (attncc's launcher, or Triton's compiled launcher where the plan
+    keeps it) on the arguments one replay passed them."""
+    captured: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+    if plan.driven is not None:
+        real = plan.driven
+        plan.driven = tuple(_Stub(captured, launch) for launch in real)
+        plan(tensors)  # one replay, captured
+        stubs = tuple(_Stub([], launch) for launch in real)
+        attribute = "driven"
+    elif plan.launches:
+        real = plan.launches
+
+        def stubbed(launch: Callable[..., Any]) -> Callable[..., None]:
+            return lambda *args: captured.append((launch, args))  # type: ignore[func-returns-value]
+
+        plan.launches = tuple((stubbed(entry[0]), *entry[1:]) for entry in real)
+        plan(tensors)
+        stubs = tuple((lambda *args: None, *entry[1:]) for entry in real)
+        attribute = "launches"
+    else:
+        return {}
+    setattr(plan, attribute, real)
+
+    def python_only() -> None:
+        setattr(plan, attribute, stubs)
+        try:
+            plan(tensors)
+        finally:
+            setattr(plan, attribute, real)
+
+    calls = list(captured)
+
+    def launches_alone() -> None:
+        for launch, args in calls:
+            launch(*args)
+
+    return {"plan, launches stubbed": python_only, "launches alone": launches_alone}
+
+
+def _launchers_side_by_side(
+    plan: Any, call: Callable[[], Any], rounds: int = 7
+) -> dict[str, float]:
+    """A whole call replayed through attncc's launcher and through Triton's (the plan's
+    launches with and without ``driven``), timed in alternating rounds, best of each: the
+    GPU machine's CPU times drift between runs, not between neighbouring rounds."""
+    if plan.driven is None:
+        return {}
+    driven = plan.driven
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, launches in (("attncc", driven), ("Triton", None)):
+            plan.driven = launches
+            us = issue_us(call, repeats=1)
+            best[f"call, {name} launcher"] = min(best.get(f"call, {name} launcher", us), us)
+    plan.driven = driven
+    return best
 
 
 def main(argv: list[str]) -> int:

@@ -64,6 +64,12 @@ def lib() -> Any:
     cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
         ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t,
     ]  # fmt: skip
+    if hasattr(cuda, "cuFuncGetParamInfo"):  # CUDA 12.4
+        cuda.cuFuncGetParamInfo.restype = ctypes.c_int
+        cuda.cuFuncGetParamInfo.argtypes = [
+            ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
+            ctypes.POINTER(ctypes.c_size_t),
+        ]  # fmt: skip
     cuda.cuInit(0)  # a no-op once PyTorch initialised CUDA
     return cuda
 
@@ -133,6 +139,29 @@ def resident_blocks(kernel: Kernel, device_index: int, threads: int) -> int:
     return int(blocks.value) if code == 0 else 0
 
 
+# cuFuncGetParamInfo's answer past a function's last parameter
+_INVALID_VALUE = 1
+
+
+def parameter_sizes(function: int) -> list[int] | None:
+    """The byte size of each of a loaded function's parameters, in order; None where the
+    driver cannot list them (before CUDA 12.4)."""
+    cuda = lib()
+    if not hasattr(cuda, "cuFuncGetParamInfo"):
+        return None
+    sizes: list[int] = []
+    offset, size = ctypes.c_size_t(), ctypes.c_size_t()
+    while True:
+        code = cuda.cuFuncGetParamInfo(
+            ctypes.c_void_p(function), len(sizes), ctypes.byref(offset), ctypes.byref(size)
+        )
+        if code == _INVALID_VALUE:
+            return sizes
+        if code != 0:
+            return None
+        sizes.append(size.value)
+
+
 def current_context() -> int:
     """The calling thread's current CUDA context (0: none), which a function handle and a
     launch belong to."""
@@ -170,8 +199,12 @@ def function(kernel: Kernel, device_index: int, shared_bytes: int) -> int:
 
 
 # struct codes of the numpy scalars a launch passes (pointers, ints, floats)
-_CODES = {np.uint64: "Q", np.int64: "q", np.uint32: "I", np.int32: "i", np.float32: "f"}
+_CODES = {
+    np.uint64: "Q", np.int64: "q", np.uint32: "I", np.int32: "i", np.float32: "f",
+    np.float64: "d", np.uint16: "H", np.int16: "h", np.uint8: "B", np.int8: "b",
+}  # fmt: skip
 _POINTER = struct.Struct("<Q")
+_WORD = 2**64 - 1
 # a parameter list's kinds (a scalar's type, an encoded map's length) -> its packing
 _LAYOUTS: dict[tuple[Any, ...], tuple[struct.Struct, tuple[int, ...]]] = {}
 
@@ -200,13 +233,44 @@ def _length(kind: Any) -> int:
     return kind if isinstance(kind, int) else 0
 
 
+# cuLaunchKernel's signature, for the Python launch path's calls through an entry address
+_ENTRY = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
+    ctypes.c_void_p,
+)  # fmt: skip
+
+# where a slot's value comes from at a call (attncc.runtime.launcher.c): the call's inputs
+# by name, its items by position, its base
+FROM_INPUT, FROM_ITEM, FROM_BASE = 0, 1, 2
+# a slot: (byte offset in the parameters, source kind, key, shift, bias, length)
+Slot = tuple[int, int, Any, int, int, int]
+
+
+def entry_address() -> int:
+    """libcuda's cuLaunchKernel, as an address both launch paths call."""
+    return int(ctypes.cast(lib().cuLaunchKernel, ctypes.c_void_p).value or 0)
+
+
+def _native() -> Any:
+    from attncc.runtime import native
+
+    return native.launcher()
+
+
 class Launch:
-    """One kernel launch, prepared: its function, grid, block, dynamic shared memory, stream
-    and every parameter packed at an 8-byte boundary of one buffer (numpy scalars: pointers,
-    ints, floats; bytes: encoded maps), as cuLaunchKernel reads them. Calling it issues the
-    launch; the values given then replace the parameters at ``slots`` (pointers as ints,
-    maps as bytes of their length) first. The driver copies the parameters during the call,
-    so the buffer is reused; a lock keeps two threads from patching it at once."""
+    """One kernel launch, prepared: its function, grid, block, dynamic shared memory and
+    every parameter packed at an 8-byte boundary of one buffer (numpy scalars: pointers,
+    ints, floats; bytes: encoded maps), as cuLaunchKernel reads them. ``run`` issues it on
+    a stream with the call's values in its slots (``Slot``: the word at an offset set to
+    ``bias + (pointer >> shift)`` of a value's data pointer, or a whole encoded map); the
+    driver copies the parameters during the call, so the buffer is reused.
+
+    The work is done by attncc.runtime.native's C object where it builds (one call, the GIL
+    held throughout), else by ``PythonLaunch``, the same steps through ctypes.
+
+    ``stream`` and ``slots`` (parameter positions) give the positional form: calling the
+    launch issues it on ``stream`` with one value per slot, in order (pointers as ints,
+    maps as bytes of their length, or addresses once ``address_slots`` gave them fields)."""
 
     def __init__(
         self,
@@ -220,43 +284,104 @@ class Launch:
     ) -> None:
         kinds = tuple(len(a) if isinstance(a, bytes) else type(a) for a in args)
         packer, offsets = _layout(kinds)
-        self._buffer = ctypes.create_string_buffer(packer.pack(*args), packer.size)
-        self._bytes = memoryview(self._buffer).cast("B")
-        base = ctypes.addressof(self._buffer)
-        params = (ctypes.c_void_p * len(offsets))(*[base + at for at in offsets])
-        # (offset, length, address field) of each slot: a map's length, 0 for a pointer;
-        # a map slot's address field once ``address_slots`` gave it one
-        self._slots: tuple[tuple[int, int, Any], ...] = tuple(
-            (offsets[i], _length(kinds[i]), None) for i in slots
-        )
-        self._lock = threading.Lock()
-        self._call = (
-            ctypes.c_void_p(function), *grid, *block, shared_bytes, ctypes.c_void_p(stream),
-            params, None,
-        )  # fmt: skip
+        self.offsets = offsets
+        self._lengths = tuple(_length(kind) for kind in kinds)
+        self._config = (function, grid, block, shared_bytes, packer.pack(*args), offsets)
+        self._stream = stream
+        positional = [
+            (offsets[i], FROM_ITEM, n, 0, 0, self._lengths[i] or 8) for n, i in enumerate(slots)
+        ]
+        self._positional = len(positional)
+        self._map_slots = tuple(n for n, i in enumerate(slots) if self._lengths[i])
+        self.slots: tuple[Slot, ...] = ()
+        self.with_slots(positional)
+
+    def with_slots(self, slots: Sequence[Slot]) -> None:
+        """Prepare the launch with these slots (``run``'s form)."""
+        self.slots = tuple(slots)
+        native = _native()
+        implementation = native.Launch if native is not None else PythonLaunch
+        self._issue = implementation(entry_address(), *self._config, self.slots)
 
     def address_slots(self, fields: Sequence[Any]) -> None:
-        """From now on the last ``len(fields)`` slots (encoded maps) each take the address
-        their map moves to, not a whole map: the call writes ``field.word(address)`` at
-        ``field.offset`` of the map packed first (attncc.runtime.tensor_map.AddressField)."""
-        with self._lock:
-            head = self._slots[: len(self._slots) - len(fields)]
-            tail = self._slots[len(head) :]
-            if any(length == 0 for _, length, _ in tail):
-                raise ValueError("address fields name encoded maps' slots only")
-            moved = tuple((at, length, f) for (at, length, _), f in zip(tail, fields, strict=True))
-            self._slots = (*head, *moved)
+        """From now on the last ``len(fields)`` positional slots (encoded maps) each take
+        the address their map moves to, not a whole map: the call writes
+        ``field.word(address)`` at ``field.offset`` of the map packed first
+        (attncc.runtime.tensor_map.AddressField)."""
+        first = self._positional - len(fields)
+        if any(n not in self._map_slots for n in range(first, self._positional)):
+            raise ValueError("address fields name encoded maps' slots only")
+        moved = [
+            (at + field.offset, kind, key, field.shift, field.bias, 8)
+            for (at, kind, key, _, _, _), field in zip(self.slots[first:], fields, strict=True)
+        ]
+        self.with_slots([*self.slots[:first], *moved])
 
     def __call__(self, *values: int | bytes) -> None:
-        if len(values) != len(self._slots):
-            raise TypeError(f"a launch with {len(self._slots)} slots, given {len(values)} values")
+        if len(values) != self._positional:
+            raise TypeError(f"a launch with {self._positional} slots, given {len(values)} values")
+        self.run(self._stream, None, values, 0)
+
+    def run(self, stream: int, inputs: Any, items: Sequence[Any], base: int) -> None:
+        """Issue the launch on ``stream``, its slots filled from ``inputs`` (a dict by
+        name), ``items`` (by position) and ``base``."""
+        code = self._issue.run(stream, inputs, items, base)
+        if code:
+            _check(code, "cuLaunchKernel")
+
+    def buffer(self) -> bytes:
+        """The parameters as last passed."""
+        return bytes(self._issue.buffer())
+
+
+class PythonLaunch:
+    """launcher.c's Launch in Python (ctypes), where the C one cannot be built."""
+
+    def __init__(
+        self,
+        entry: int,
+        function: int,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_bytes: int,
+        params: bytes,
+        offsets: Sequence[int],
+        slots: Sequence[Slot],
+    ) -> None:
+        self._buffer = ctypes.create_string_buffer(params, len(params))
+        self._bytes = memoryview(self._buffer).cast("B")
+        base = ctypes.addressof(self._buffer)
+        pointers = (ctypes.c_void_p * len(offsets))(*[base + at for at in offsets])
+        self._slots = tuple(slots)
+        self._lock = threading.Lock()
+        self._entry = _ENTRY(entry)
+        self._head = (function, *grid, *block, shared_bytes)
+        self._pointers = pointers
+
+    def run(self, stream: int, inputs: Any, items: Sequence[Any], base: int) -> int:
         with self._lock:
-            for (at, length, field), value in zip(self._slots, values, strict=True):
-                if field is not None:
-                    _POINTER.pack_into(self._bytes, at + field.offset, field.word(value))
-                elif isinstance(value, bytes):
-                    self._bytes[at : at + length] = value
+            for at, kind, key, shift, bias, length in self._slots:
+                if kind == FROM_INPUT:
+                    value = inputs[key]
+                elif kind == FROM_ITEM:
+                    value = items[key]
                 else:
-                    _POINTER.pack_into(self._bytes, at, value)
-            code = lib().cuLaunchKernel(*self._call)
-        _check(code, "cuLaunchKernel")
+                    value = base
+                if length != 8:
+                    if len(value) != length:
+                        raise ValueError(
+                            f"attncc launch: a {length}-byte slot given {len(value)} bytes"
+                        )
+                    self._bytes[at : at + length] = value
+                    continue
+                if value is None:
+                    pointer = 0
+                elif isinstance(value, int):
+                    pointer = value
+                else:
+                    pointer = value.data_ptr()
+                _POINTER.pack_into(self._bytes, at, (bias + (pointer >> shift)) & _WORD)
+            return int(self._entry(*self._head, stream, self._pointers, None))
+
+    def buffer(self) -> bytes:
+        return self._bytes.tobytes()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from attncc.runtime import tensor_map
 
@@ -27,21 +27,30 @@ from attncc.runtime import tensor_map
 Source = tuple[Any, ...]
 _MAP_BYTES = 128
 
-Expanded = tuple[
-    Callable[..., Any],  # the compiled launch function
-    list[Any],  # the kernel's arguments, descriptors expanded
-    list[tuple[int, Source]],  # pointer slots: (position in those, source)
-    tuple[tuple[Callable[[int], None], Source], ...],  # (move a kept map, its base's source)
-]
+
+class Expanded(NamedTuple):
+    launch: Callable[..., Any]  # the compiled launch function
+    values: list[Any]  # the kernel's arguments, descriptors expanded
+    slots: list[tuple[int, Source]]  # pointer slots: (position in values, source)
+    patches: tuple[tuple[Callable[[int], None], Source], ...]  # (move a kept map, its base)
+    # each argument's type in the launcher's signature (``types`` given to expand), and each
+    # kept map's (position in values, address field, its base's source)
+    types: list[str]
+    maps: tuple[tuple[int, tensor_map.AddressField, Source], ...]
 
 
 def expand(
-    launch: Any, values: Sequence[Any], slots: dict[int, Source], pointer: Callable[[Source], int]
+    launch: Any,
+    values: Sequence[Any],
+    slots: dict[int, Source],
+    pointer: Callable[[Source], int],
+    types: Sequence[str] = (),
 ) -> Expanded | None:
     """``launch`` (Triton's launch function for one kernel) unwrapped, with the kernel's
     argument ``values`` (None at ``slots``, positions filled each call from their source)
     expanded as the wrapper would; ``pointer`` gives a source's pointer in the recorded call
-    (where the maps are first encoded). None: leave the launch as it is."""
+    (where the maps are first encoded); ``types``, the arguments' signature types where
+    given, expanded alike. None: leave the launch as it is."""
     unwrapped = _unwrapped(launch)
     if unwrapped is None:
         return None
@@ -51,20 +60,26 @@ def expand(
     except ImportError:
         return None
     out: list[Any] = []
+    out_types: list[str] = []
     out_slots: list[tuple[int, Source]] = []
     patches: list[tuple[Callable[[int], None], Source]] = []
+    maps: list[tuple[int, tensor_map.AddressField, Source]] = []
     for at, value in enumerate(values):
         source = slots.get(at)
+        kind = types[at] if at < len(types) else ""
         if at not in metas:
             if source is not None and source[0] == "desc":
                 return None  # a descriptor where the wrapper expects none
             if source is not None:
                 out_slots.append((len(out), source))
             out.append(value)
+            out_types.append(kind)
             continue
         meta = metas[at]
         if source is None:  # a descriptor over a buffer the module keeps: the same each call
-            out.extend(make_tensordesc_arg(value, meta))
+            expansion = make_tensordesc_arg(value, meta)
+            out_types += _descriptor_types(kind, meta, len(expansion))
+            out.extend(expansion)
             continue
         if source[0] != "desc":
             return None
@@ -72,15 +87,30 @@ def expand(
         if meta is None:
             # passed unencoded: [base, *shape, *strides, padding is NaN, *shape, *strides]
             out_slots.append((len(out), base))
-            out.extend([None, *shape, *strides, padding == "nan", *shape, *strides])
+            expansion = [None, *shape, *strides, padding == "nan", *shape, *strides]
+            out_types += _descriptor_types(kind, meta, len(expansion))
+            out.extend(expansion)
             continue
         moving = _moving_map(make_tensordesc_arg, meta, shape, strides, padding, pointer(base))
         if moving is None:
             return None
-        expansion, move = moving
+        expansion, move, field = moving
+        maps.append((len(out), field, base))
+        out_types += _descriptor_types(kind, meta, len(expansion))
         out.extend(expansion)
         patches.append((move, base))
-    return raw, out, out_slots, tuple(patches)
+    return Expanded(raw, out, out_slots, tuple(patches), out_types, tuple(maps))
+
+
+def _descriptor_types(kind: str, meta: Any, length: int) -> list[str]:
+    """A descriptor argument's expansion's types, as Triton's launcher declares them: an
+    encoded map, its shape (i32) and strides (i64); unencoded, its base pointer, shape and
+    strides (i64), the NaN-padding flag (i1), shape (i32) and strides (i64)."""
+    ndim = (length - 1) // 2 if meta is not None else (length - 2) // 4
+    if meta is not None:
+        return ["nvTmaDesc", *["i32"] * ndim, *["i64"] * ndim]
+    element = kind[len("tensordesc<") :].split("[", 1)[0] if kind.startswith("tensordesc<") else ""
+    return [f"*{element}", *["i64"] * (2 * ndim), "i1", *["i32"] * ndim, *["i64"] * ndim]
 
 
 def _unwrapped(launch: Any) -> tuple[Callable[..., Any], dict[int, Any]] | None:
@@ -120,7 +150,7 @@ class _Descriptor:
         self.shape, self.strides, self.padding = list(shape), list(strides), padding
 
 
-def _map_address(holder: Any) -> int | None:
+def map_address(holder: Any) -> int | None:
     """Where Triton's map object holds its CUtensorMap: its last 128 bytes (the struct's
     128-byte-aligned last member); None for another kind of object."""
     size = getattr(type(holder), "__basicsize__", 0)
@@ -136,13 +166,14 @@ def _moving_map(
     strides: Any,
     padding: Any,
     address: int,
-) -> tuple[list[Any], Callable[[int], None]] | None:
-    """A descriptor's expansion with its map encoded at ``address``, and the function that
-    moves that map to another base address; None where the address field is not found."""
+) -> tuple[list[Any], Callable[[int], None], tensor_map.AddressField] | None:
+    """A descriptor's expansion with its map encoded at ``address``, the function that
+    moves that map to another base address, and its address field; None where the address
+    field is not found."""
 
     def encoded(at: int) -> bytes:
         holder = make(_Descriptor(at, shape, strides, padding), meta)[0]
-        where = _map_address(holder)
+        where = map_address(holder)
         if where is None:
             raise tensor_map.TensorMapRefused("not a map object")
         return ctypes.string_at(where, _MAP_BYTES)
@@ -155,7 +186,7 @@ def _moving_map(
         return None
     expansion = make(_Descriptor(address, shape, strides, padding), meta)
     holder = expansion[0]
-    where = _map_address(holder)
+    where = map_address(holder)
     if where is None:
         return None
     word = ctypes.c_uint64.from_address(where + field.offset)
@@ -163,4 +194,4 @@ def _moving_map(
     def move(base: int, holder: Any = holder) -> None:  # holder: keeps the map alive
         word.value = field.word(base)
 
-    return expansion, move
+    return expansion, move, field

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from attncc.runtime import tensor_descriptors
+from attncc.runtime import driver, tensor_descriptors, triton_launch
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
@@ -234,8 +234,17 @@ class TritonPlan:
                 return int(recorder.input_pointers[source[1]])
             return recorder.tensors[source[1]].data_ptr()
 
-        self.launches = (
-            tuple(_launch_args(s, pointer) for s in self.steps) if device is not None else ()
+        prepared = [_prepared(s, pointer) for s in self.steps] if device is not None else []
+        self.launches = tuple(triton for triton, _ in prepared)
+        # every step through attncc's launcher (triton_launch; None: a step with an empty
+        # grid, which launches nothing), or None and why a step keeps Triton's launcher
+        driven = [launch for _, launch in prepared]
+        refusals = [launch for launch in driven if isinstance(launch, str)]
+        self.launcher_refusal = refusals[0] if refusals else None
+        self.driven = (
+            tuple(launch for launch in driven if isinstance(launch, driver.Launch))
+            if device is not None and not refusals
+            else None
         )
         # launches that rewrite tensor maps they keep (descriptor patches) hold this while
         # patching and launching: two threads replaying the plan share those maps
@@ -268,7 +277,10 @@ class TritonPlan:
             block = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=self.device)
             base = block.data_ptr()
         if compiled:
-            if self.patched:
+            if self.driven is not None:
+                for launch in self.driven:
+                    launch.run(stream, tensors, allocs, base)
+            elif self.patched:
                 with self._lock:
                     self._launch(stream, tensors, allocs, base)
             else:
@@ -316,19 +328,39 @@ _Launch = tuple[
 ]
 
 
-def _launch_args(step: _Step, pointer: Callable[[Source], int]) -> _Launch:
+def _prepared(
+    step: _Step, pointer: Callable[[Source], int]
+) -> tuple[_Launch, driver.Launch | str | None]:
+    """A compiled step's launch through Triton's launcher, and through attncc's
+    (attncc.runtime.triton_launch: None for an empty grid; a str says why not)."""
     launch, middle = _launcher(step.compiled)
     head = [*step.grid, None, *middle]
     shift = len(head)
     values, slots = step.values, list(step.slots)
     patches: tuple[tuple[Callable[[int], None], Source], ...] = ()
-    expanded = tensor_descriptors.expand(launch, values, dict(slots), pointer)
+    signature = getattr(getattr(step.compiled, "src", None), "signature", {})
+    types = [t if isinstance(t, str) else "" for t in signature.values()]  # "": a tuple
+    expanded = tensor_descriptors.expand(launch, values, dict(slots), pointer, types)
+    maps: tuple[tuple[int, Any, Source], ...] = ()
     if expanded is not None:
         # Triton's descriptor wrapper left out: its maps are kept and moved, not encoded
         # again each call (an encoding costs 5.7-11.7 us of CPU from Python, H200:
         # benchmarks/call_parts.py); no descriptor slot is left
-        launch, values, slots, patches = expanded
+        launch, values, slots, patches, types, maps = expanded
+    direct: driver.Launch | str | None = None
+    if 0 not in step.grid:  # Triton's launcher launches nothing on an empty grid
+        direct = triton_launch.prepare(step.compiled, step.grid, values, types, slots, maps)
+    return _triton_launch(launch, head, shift, values, slots, patches), direct
 
+
+def _triton_launch(
+    launch: Callable[..., Any],
+    head: list[Any],
+    shift: int,
+    values: list[Any],
+    slots: list[tuple[int, Source]],
+    patches: tuple[tuple[Callable[[int], None], Source], ...],
+) -> _Launch:
     def at_kind(kind: str) -> tuple[tuple[int, Any], ...]:
         return tuple((shift + at, s[1]) for at, s in slots if s[0] == kind)
 

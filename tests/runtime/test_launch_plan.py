@@ -5,13 +5,14 @@ with a call (the launches themselves need a GPU: tests/gpu/test_gpu_cuda.py)."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from attncc.runtime import driver, launch_plan, tensor_map
+from attncc.runtime import driver, launch_plan, native, tensor_map
 
 
 class _FakeDriver:
@@ -31,17 +32,27 @@ class _FakeDriver:
         return 0
 
     def cuLaunchKernel(self, function: object, *rest: object) -> int:
-        params: Any = rest[8]
+        params = ctypes.cast(rest[8], ctypes.POINTER(ctypes.c_void_p))
         self.launches.append([ctypes.string_at(params[i], n) for i, n in enumerate(self.sizes)])
         return 0
 
 
-@pytest.fixture
-def fake_driver(monkeypatch: pytest.MonkeyPatch) -> _FakeDriver:
+@pytest.fixture(params=["native", "python"])
+def fake_driver(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[_FakeDriver]:
+    """A fake driver, its cuLaunchKernel called through an entry address by the C launcher
+    (attncc.runtime.native, built here with the system's compiler) or by its Python twin."""
     fake = _FakeDriver([8, 4, 4, 128, 8])
     monkeypatch.setattr(driver, "lib", lambda: fake)
     monkeypatch.setattr(driver, "_FUNCTIONS", {})
-    return fake
+    entry = driver._ENTRY(fake.cuLaunchKernel)  # kept alive by the fixture's frame
+    monkeypatch.setattr(driver, "entry_address", lambda: ctypes.cast(entry, ctypes.c_void_p).value)
+    if request.param == "native":
+        assert native.launcher() is not None, native.unavailable()
+    else:
+        monkeypatch.setattr(driver, "_native", lambda: None)
+    yield fake
 
 
 def _bytes(value: np.generic | bytes) -> bytes:

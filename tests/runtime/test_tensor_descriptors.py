@@ -38,14 +38,18 @@ def test_an_unencoded_descriptor_expands_to_its_base_pointer_shape_and_strides()
     again; the other arguments keep their positions' sources."""
     source = ("desc", ("input", "k"), (64, 32), (32, 1), (16, 32), "zero")
     launch = _wrapper(_raw, {1}, [None])
+    types = ["*fp16", "tensordesc<bf16[16, 32]>", "i32"]
     expanded = tensor_descriptors.expand(
-        launch, [None, None, 7], {0: ("input", "q"), 1: source}, lambda s: 0
+        launch, [None, None, 7], {0: ("input", "q"), 1: source}, lambda s: 0, types
     )
     assert expanded is not None
-    raw, values, slots, patches = expanded
-    assert raw is _raw and patches == ()
-    assert values == [None, None, 64, 32, 32, 1, False, 64, 32, 32, 1, 7]
-    assert slots == [(0, ("input", "q")), (1, ("input", "k"))]
+    assert expanded.launch is _raw and expanded.patches == () and expanded.maps == ()
+    assert expanded.values == [None, None, 64, 32, 32, 1, False, 64, 32, 32, 1, 7]
+    assert expanded.slots == [(0, ("input", "q")), (1, ("input", "k"))]
+    # as Triton's launcher declares them: the base, shape and strides twice, the NaN flag
+    assert expanded.types == [
+        "*fp16", "*bf16", "i64", "i64", "i64", "i64", "i1", "i32", "i32", "i64", "i64", "i32",
+    ]  # fmt: skip
 
 
 class _Map:
@@ -70,19 +74,26 @@ def test_an_encoded_descriptors_map_is_made_once_and_moved_by_one_word(
         made.append(desc.base.data_ptr())
         return [_Map(_shifted(desc.base.data_ptr())), *desc.shape, *desc.strides]
 
-    monkeypatch.setattr(tensor_descriptors, "_map_address", lambda m: ctypes.addressof(m.buffer))
+    monkeypatch.setattr(tensor_descriptors, "map_address", lambda m: ctypes.addressof(m.buffer))
     import triton.backends.nvidia.driver as nvidia_driver
 
     monkeypatch.setattr(nvidia_driver, "make_tensordesc_arg", make)
     source = ("desc", ("input", "v"), (64, 32), (32, 1), (16, 32), "zero")
     recorded = 2**36 + 4096
     expanded = tensor_descriptors.expand(
-        _wrapper(_raw, {0}, [{"swizzle": 3}]), [None], {0: source}, lambda s: recorded
+        _wrapper(_raw, {0}, [{"swizzle": 3}]),
+        [None],
+        {0: source},
+        lambda s: recorded,
+        ["tensordesc<fp16[16, 32]>"],
     )
     assert expanded is not None
-    _, values, slots, ((move, base),) = expanded
+    values, slots, ((move, base),) = expanded.values, expanded.slots, expanded.patches
     assert made[0] == recorded and made[-1] == recorded  # probes between them
     assert values[1:] == [64, 32, 32, 1] and slots == [] and base == ("input", "v")
+    ((position, field, map_base),) = expanded.maps
+    assert position == 0 and map_base == base and field.offset == 8 and field.shift == 4
+    assert expanded.types == ["nvTmaDesc", "i32", "i32", "i64", "i64"]
     move(2**40 + 16 * 99)
     assert ctypes.string_at(ctypes.addressof(values[0].buffer), 128) == _shifted(2**40 + 16 * 99)
 
@@ -92,7 +103,7 @@ def test_a_map_without_an_address_word_keeps_tritons_path(monkeypatch: pytest.Mo
         scrambled = bytes((desc.base.data_ptr() * 2654435761 >> i) & 0xFF for i in range(128))
         return [_Map(scrambled), *desc.shape, *desc.strides]
 
-    monkeypatch.setattr(tensor_descriptors, "_map_address", lambda m: ctypes.addressof(m.buffer))
+    monkeypatch.setattr(tensor_descriptors, "map_address", lambda m: ctypes.addressof(m.buffer))
     import triton.backends.nvidia.driver as nvidia_driver
 
     monkeypatch.setattr(nvidia_driver, "make_tensordesc_arg", make)

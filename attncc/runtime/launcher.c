@@ -1,0 +1,314 @@
+/* attncc's kernel launcher: one prepared cuLaunchKernel, issued from C.
+
+   A Launch holds a kernel's parameters packed in one buffer, as cuLaunchKernel reads them
+   (an array of pointers into it), and its slots: the places a call rewrites before
+   launching. Each slot is a 64-bit word at byte `at` of the buffer, set to
+   `bias + (pointer >> shift)` where `pointer` is the data pointer of one of the call's
+   values (a tensor's `data_ptr()`, an int, None for 0): a plain pointer parameter
+   (shift 0, bias 0), a pointer at an offset of a scratch block (bias: the offset), or the
+   address word of a tensor map packed in the buffer (attncc.runtime.tensor_map's
+   AddressField). A slot of `length` 128 takes a whole encoded map (bytes) instead.
+
+   Where a value comes from (`kind`): 0, `inputs[key]` (a dict: the call's tensors by
+   name); 1, `items[key]` (a list or tuple); 2, the call's `base` (an int).
+
+   The GIL is held from the first write to the end of cuLaunchKernel, which copies the
+   parameters: two threads never patch one buffer at once. The driver's entry point is
+   passed in as an address (libcuda's cuLaunchKernel, or a test's stand-in), so this file
+   needs no CUDA headers.
+
+   attncc.runtime.native builds it with the system's C compiler; where that fails,
+   attncc.runtime.driver keeps a Python implementation of the same object. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int (*launch_entry)(void *function, unsigned grid_x, unsigned grid_y,
+                            unsigned grid_z, unsigned block_x, unsigned block_y,
+                            unsigned block_z, unsigned shared_bytes, void *stream,
+                            void **params, void **extra);
+
+typedef struct {
+  Py_ssize_t at;
+  int kind;
+  PyObject *key; /* kind 0: a str; kind 1: an int index (as Py_ssize_t below) */
+  Py_ssize_t index;
+  int shift;
+  uint64_t bias;
+  Py_ssize_t length; /* 8: a word; otherwise the bytes of a whole map */
+} Slot;
+
+typedef struct {
+  PyObject_HEAD launch_entry entry;
+  void *function;
+  unsigned grid[3];
+  unsigned block[3];
+  unsigned shared_bytes;
+  char *buffer;
+  Py_ssize_t buffer_size;
+  void **params;
+  Py_ssize_t n_params;
+  Slot *slots;
+  Py_ssize_t n_slots;
+} Launch;
+
+static PyObject *data_ptr_name = NULL;
+
+/* A value's data pointer: an int as it is, None as 0, else its data_ptr(). */
+static int pointer_of(PyObject *value, uint64_t *out) {
+  if (PyLong_Check(value)) {
+    *out = PyLong_AsUnsignedLongLongMask(value);
+    return PyErr_Occurred() ? -1 : 0;
+  }
+  if (value == Py_None) {
+    *out = 0;
+    return 0;
+  }
+  PyObject *ptr = PyObject_CallMethodNoArgs(value, data_ptr_name);
+  if (ptr == NULL) {
+    return -1;
+  }
+  if (!PyLong_Check(ptr)) {
+    Py_DECREF(ptr);
+    PyErr_SetString(PyExc_TypeError, "attncc launch: data_ptr() did not return an int");
+    return -1;
+  }
+  *out = PyLong_AsUnsignedLongLongMask(ptr);
+  Py_DECREF(ptr);
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+static int write_slot(Launch *self, const Slot *slot, PyObject *inputs, PyObject *items,
+                      PyObject *base) {
+  PyObject *value = NULL;
+  if (slot->kind == 0) {
+    if (!PyDict_Check(inputs)) {
+      PyErr_SetString(PyExc_TypeError, "attncc launch: inputs must be a dict");
+      return -1;
+    }
+    value = PyDict_GetItemWithError(inputs, slot->key); /* borrowed */
+    if (value == NULL) {
+      if (!PyErr_Occurred()) {
+        PyErr_SetObject(PyExc_KeyError, slot->key);
+      }
+      return -1;
+    }
+  } else if (slot->kind == 1) {
+    if (PyList_Check(items)) {
+      if (slot->index >= PyList_GET_SIZE(items)) goto out_of_range;
+      value = PyList_GET_ITEM(items, slot->index);
+    } else if (PyTuple_Check(items)) {
+      if (slot->index >= PyTuple_GET_SIZE(items)) goto out_of_range;
+      value = PyTuple_GET_ITEM(items, slot->index);
+    } else {
+      PyErr_SetString(PyExc_TypeError, "attncc launch: items must be a list or tuple");
+      return -1;
+    }
+  } else {
+    value = base;
+  }
+  char *target = self->buffer + slot->at;
+  if (slot->length != 8) {
+    char *bytes;
+    Py_ssize_t length;
+    if (PyBytes_AsStringAndSize(value, &bytes, &length) < 0) {
+      return -1;
+    }
+    if (length != slot->length) {
+      PyErr_Format(PyExc_ValueError, "attncc launch: a %zd-byte slot given %zd bytes",
+                   slot->length, length);
+      return -1;
+    }
+    memcpy(target, bytes, (size_t)length);
+    return 0;
+  }
+  uint64_t pointer;
+  if (pointer_of(value, &pointer) < 0) {
+    return -1;
+  }
+  uint64_t word = slot->bias + (pointer >> slot->shift);
+  memcpy(target, &word, sizeof word);
+  return 0;
+out_of_range:
+  PyErr_SetString(PyExc_IndexError, "attncc launch: a slot's item index is out of range");
+  return -1;
+}
+
+/* run(stream, inputs, items, base) -> the driver's result code */
+static PyObject *Launch_run(Launch *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "attncc launch: run(stream, inputs, items, base)");
+    return NULL;
+  }
+  void *stream = PyLong_AsVoidPtr(args[0]);
+  if (stream == NULL && PyErr_Occurred()) {
+    return NULL;
+  }
+  for (Py_ssize_t i = 0; i < self->n_slots; ++i) {
+    if (write_slot(self, &self->slots[i], args[1], args[2], args[3]) < 0) {
+      return NULL;
+    }
+  }
+  int code = self->entry(self->function, self->grid[0], self->grid[1], self->grid[2],
+                         self->block[0], self->block[1], self->block[2], self->shared_bytes,
+                         stream, self->params, NULL);
+  return PyLong_FromLong(code);
+}
+
+/* The packed parameters as they stand (tests read what a launch passed). */
+static PyObject *Launch_buffer(Launch *self, PyObject *Py_UNUSED(ignored)) {
+  return PyBytes_FromStringAndSize(self->buffer, self->buffer_size);
+}
+
+static void Launch_dealloc(Launch *self) {
+  for (Py_ssize_t i = 0; i < self->n_slots; ++i) {
+    Py_XDECREF(self->slots[i].key);
+  }
+  PyMem_Free(self->slots);
+  PyMem_Free(self->params);
+  PyMem_Free(self->buffer);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int unsigned_triple(PyObject *tuple, unsigned out[3], const char *what) {
+  if (!PyArg_ParseTuple(tuple, "III", &out[0], &out[1], &out[2])) {
+    PyErr_Format(PyExc_TypeError, "attncc launch: %s must be three ints", what);
+    return -1;
+  }
+  return 0;
+}
+
+/* Launch(entry, function, grid, block, shared_bytes, params, offsets, slots):
+   `params` the packed buffer, `offsets` each parameter's byte offset in it, `slots`
+   (at, kind, key, shift, bias, length) tuples. */
+static int Launch_init(Launch *self, PyObject *args, PyObject *kwargs) {
+  unsigned long long entry, function;
+  PyObject *grid, *block, *offsets, *slots;
+  unsigned shared_bytes;
+  Py_buffer params;
+  if (!PyArg_ParseTuple(args, "KKOOIy*OO", &entry, &function, &grid, &block, &shared_bytes,
+                        &params, &offsets, &slots)) {
+    return -1;
+  }
+  int status = -1;
+  PyObject *offset_seq = NULL, *slot_seq = NULL;
+  if (unsigned_triple(grid, self->grid, "grid") < 0 ||
+      unsigned_triple(block, self->block, "block") < 0) {
+    goto done;
+  }
+  self->entry = (launch_entry)(uintptr_t)entry;
+  self->function = (void *)(uintptr_t)function;
+  self->shared_bytes = shared_bytes;
+  self->buffer_size = params.len;
+  self->buffer = PyMem_Malloc(params.len > 0 ? (size_t)params.len : 1);
+  if (self->buffer == NULL) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  memcpy(self->buffer, params.buf, (size_t)params.len);
+  offset_seq = PySequence_Fast(offsets, "attncc launch: offsets must be a sequence");
+  slot_seq = PySequence_Fast(slots, "attncc launch: slots must be a sequence");
+  if (offset_seq == NULL || slot_seq == NULL) {
+    goto done;
+  }
+  self->n_params = PySequence_Fast_GET_SIZE(offset_seq);
+  self->params = PyMem_Calloc((size_t)self->n_params + 1, sizeof(void *));
+  if (self->params == NULL) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < self->n_params; ++i) {
+    Py_ssize_t at = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(offset_seq, i));
+    if (at < 0 || at >= params.len) {
+      if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "attncc launch: a parameter offset past the buffer");
+      }
+      goto done;
+    }
+    self->params[i] = self->buffer + at;
+  }
+  self->n_slots = PySequence_Fast_GET_SIZE(slot_seq);
+  self->slots = PyMem_Calloc((size_t)self->n_slots + 1, sizeof(Slot));
+  if (self->slots == NULL) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < self->n_slots; ++i) {
+    Slot *slot = &self->slots[i];
+    PyObject *key;
+    unsigned long long bias;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(slot_seq, i), "niOiKn", &slot->at,
+                          &slot->kind, &key, &slot->shift, &bias, &slot->length)) {
+      goto done;
+    }
+    slot->bias = (uint64_t)bias;
+    Py_INCREF(key);
+    slot->key = key;
+    if (slot->kind < 0 || slot->kind > 2 || slot->shift < 0 || slot->shift > 63 ||
+        slot->length < 8 || slot->at < 0 || slot->at + slot->length > params.len) {
+      PyErr_SetString(PyExc_ValueError, "attncc launch: a slot outside the buffer or of no kind");
+      goto done;
+    }
+    if (slot->kind == 0 && !PyUnicode_Check(key)) {
+      PyErr_SetString(PyExc_TypeError, "attncc launch: an input slot's key must be a str");
+      goto done;
+    }
+    if (slot->kind == 1) {
+      slot->index = PyLong_AsSsize_t(key);
+      if (slot->index < 0) {
+        if (!PyErr_Occurred()) {
+          PyErr_SetString(PyExc_ValueError, "attncc launch: a negative item index");
+        }
+        goto done;
+      }
+    }
+  }
+  status = 0;
+done:
+  Py_XDECREF(offset_seq);
+  Py_XDECREF(slot_seq);
+  PyBuffer_Release(&params);
+  return status;
+}
+
+static PyMethodDef Launch_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))Launch_run, METH_FASTCALL,
+     "run(stream, inputs, items, base): write the slots, launch; the driver's result code"},
+    {"buffer", (PyCFunction)Launch_buffer, METH_NOARGS, "the packed parameters"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LaunchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "attncc_launcher.Launch",
+    .tp_basicsize = sizeof(Launch),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A prepared kernel launch (see the module's source).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Launch_init,
+    .tp_dealloc = (destructor)Launch_dealloc,
+    .tp_methods = Launch_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "attncc_launcher", "attncc's kernel launcher", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit_attncc_launcher(void) {
+  data_ptr_name = PyUnicode_InternFromString("data_ptr");
+  if (data_ptr_name == NULL || PyType_Ready(&LaunchType) < 0) {
+    return NULL;
+  }
+  PyObject *m = PyModule_Create(&module);
+  if (m == NULL) {
+    return NULL;
+  }
+  Py_INCREF(&LaunchType);
+  if (PyModule_AddObject(m, "Launch", (PyObject *)&LaunchType) < 0) {
+    Py_DECREF(&LaunchType);
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}

@@ -1,0 +1,140 @@
+"""A recorded Triton launch issued through attncc's own launcher (attncc.runtime.driver).
+
+Triton's compiled launch function parses every argument of the kernel from a Python tuple
+on each call (30-40 of them for attncc's kernels, descriptors expanded) and then calls
+cuLaunchKernelEx. In a replayed call (attncc.runtime.triton_plan) all of them but the data
+pointers are fixed, so ``prepare`` packs them once, in the layout the kernel's parameters
+have, into a ``driver.Launch`` whose slots take the pointers of each call: the input tensors
+by name, the call's allocations by index, the scratch block's base plus an offset, and the
+address words of the tensor maps kept from the descriptors' expansion.
+
+The layout follows Triton's launcher for the kernel's signature: each argument that is not a
+constexpr, in order (pointers, integers and floats at their C width, an encoded map's 128
+bytes), then the global and profile scratch pointers (both 0 here). The count and size of
+every parameter are checked against the driver's own list (cuFuncGetParamInfo, CUDA 12.4).
+A launch keeps Triton's launcher where the driver cannot list its parameters, where it
+needs more than a plain cuLaunchKernel (thread block clusters, programmatic dependent
+launch, cooperative groups, scratch memory), or where it holds a type not listed here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from attncc.runtime import driver, tensor_descriptors, tensor_map
+
+Source = tuple[Any, ...]
+
+# the C types of Triton's scalar signature types (ty_to_cpp, FLOAT_STORAGE_TYPE)
+_SCALARS: dict[str, type[np.generic]] = {
+    "i1": np.int8, "i8": np.int8, "u1": np.uint8, "u8": np.uint8, "i16": np.int16,
+    "u16": np.uint16, "i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64,
+    "fp32": np.float32, "f32": np.float32, "fp64": np.float64,
+}  # fmt: skip
+_MAP_BYTES = 128
+
+
+def prepare(
+    compiled: Any,
+    grid: tuple[int, int, int],
+    values: Sequence[Any],
+    types: Sequence[str],
+    slots: Sequence[tuple[int, Source]],
+    maps: Sequence[tuple[int, tensor_map.AddressField, Source]] = (),
+) -> driver.Launch | str:
+    """The launch of ``compiled`` (a Triton CompiledKernel) on ``grid`` with ``values``, the
+    launcher's arguments (descriptors expanded) with their signature ``types``: None at the
+    ``slots``' positions (filled from their source each call), tensor maps at the ``maps``'
+    positions (their address word moved to their base's pointer each call). A str says why
+    the launch keeps Triton's launcher."""
+    metadata = compiled.metadata
+    plain = (
+        getattr(metadata, "num_ctas", 1) == 1
+        and not getattr(metadata, "launch_pdl", False)
+        and not getattr(metadata, "launch_cooperative_grid", False)
+        and not getattr(metadata, "global_scratch_size", 0)
+        and not getattr(metadata, "profile_scratch_size", 0)
+    )
+    if not plain:
+        return "a launch needing cuLaunchKernelEx's attributes or scratch memory"
+    if len(types) != len(values):
+        return "arguments and signature types differ in number"
+    args: list[np.generic | bytes] = []
+    parameter: dict[int, int] = {}  # an argument's position -> its parameter's
+    for at, (kind, value) in enumerate(zip(types, values, strict=True)):
+        if kind == "constexpr":
+            continue
+        packed = _packed(kind, value)
+        if packed is None:
+            return f"an argument of type {kind or 'unknown'} ({type(value).__name__})"
+        parameter[at] = len(args)
+        args.append(packed)
+    args += [np.uint64(0), np.uint64(0)]  # the global and profile scratch pointers
+    mismatch = _layout_mismatch(compiled.function, args)
+    if mismatch is not None:
+        return mismatch
+    launch = driver.Launch(
+        compiled.function, grid, (32 * metadata.num_warps, 1, 1), metadata.shared, 0, args
+    )
+    offsets = launch.offsets
+    launch_slots: list[driver.Slot] = []
+    for at, source in slots:
+        slot = _slot(offsets[parameter[at]], 0, 0, source) if at in parameter else None
+        if slot is None:
+            return f"a pointer slot from {source[0]} at argument {at}"
+        launch_slots.append(slot)
+    for at, field, source in maps:
+        offset = offsets[parameter[at]] + field.offset
+        slot = _slot(offset, field.shift, field.bias, source)
+        if slot is None:
+            return f"a tensor map over {source[0]}"
+        launch_slots.append(slot)
+    launch.with_slots(launch_slots)
+    return launch
+
+
+def _packed(kind: str, value: Any) -> np.generic | bytes | None:
+    """An argument as its parameter's bytes (a numpy scalar of its C type, or a map)."""
+    if kind.startswith("*"):
+        if value is None:
+            return np.uint64(0)  # a slot, or a null pointer
+        if isinstance(value, int):
+            return np.uint64(value)
+        pointer = getattr(value, "data_ptr", None)  # a buffer the module keeps
+        return np.uint64(pointer()) if callable(pointer) else None
+    if kind == "nvTmaDesc":
+        where = tensor_descriptors.map_address(value)
+        return None if where is None else ctypes.string_at(where, _MAP_BYTES)
+    scalar = _SCALARS.get(kind)
+    if scalar is None or not isinstance(value, (int, float, bool, np.generic)):
+        return None
+    return scalar(value)
+
+
+def _slot(at: int, shift: int, bias: int, source: Source) -> driver.Slot | None:
+    """The launch slot at byte ``at`` filled from ``source`` (None: a source it cannot
+    read, such as a descriptor left to Triton's wrapper)."""
+    kind, key = source[0], source[1]
+    if kind == "input":
+        return (at, driver.FROM_INPUT, key, shift, bias, 8)
+    if kind == "alloc":
+        return (at, driver.FROM_ITEM, key, shift, bias, 8)
+    if kind == "scratch":  # the scratch block's base plus the tensor's offset in it
+        return (at, driver.FROM_BASE, None, shift, bias + key, 8)
+    return None
+
+
+def _layout_mismatch(function: int, args: Sequence[np.generic | bytes]) -> str | None:
+    """How the kernel's parameters, as the driver lists them, differ from ``args`` (None:
+    they agree)."""
+    sizes = driver.parameter_sizes(function)
+    if sizes is None:
+        return "the driver cannot list the kernel's parameters (cuFuncGetParamInfo)"
+    ours = [len(a) if isinstance(a, bytes) else a.nbytes for a in args]
+    if sizes != ours:
+        return f"the kernel's parameters ({sizes} bytes) differ from Triton's signature ({ours})"
+    return None

@@ -1,0 +1,152 @@
+"""The kernel launcher's two implementations (attncc.runtime.launcher.c, built with the
+system's C compiler, and driver.PythonLaunch) on CPU, against a recording stand-in for
+cuLaunchKernel: each slot kind, the words they write, what they refuse, and the same
+parameters from both for the same call."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from attncc.runtime import driver, native
+
+FROM_INPUT, FROM_ITEM, FROM_BASE = driver.FROM_INPUT, driver.FROM_ITEM, driver.FROM_BASE
+
+
+class _Recorder:
+    """cuLaunchKernel's stand-in: every launch's function, dims, stream and parameters."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.launches: list[tuple[Any, ...]] = []
+        self.code = 0
+        self.entry = driver._ENTRY(self._launch)
+
+    def _launch(self, function: int, *rest: Any) -> int:
+        params = ctypes.cast(rest[8], ctypes.POINTER(ctypes.c_void_p))
+        values = [ctypes.string_at(params[i], n) for i, n in enumerate(self.sizes)]
+        self.launches.append((function, tuple(rest[:7]), rest[7], values))
+        return self.code
+
+    @property
+    def address(self) -> int:
+        return int(ctypes.cast(self.entry, ctypes.c_void_p).value or 0)
+
+
+@pytest.fixture(params=["native", "python"])
+def implementation(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "native":
+        module = native.launcher()
+        assert module is not None, native.unavailable()
+        yield module.Launch
+    else:
+        yield driver.PythonLaunch
+
+
+def _params() -> tuple[bytes, list[int]]:
+    """Three 8-byte parameters and a 128-byte map: 152 bytes."""
+    return bytes(range(152)), [0, 8, 16, 24]
+
+
+def _word(value: int) -> bytes:
+    return struct.pack("<Q", value % 2**64)
+
+
+def test_each_slot_kind_writes_its_word(implementation: Any) -> None:
+    """An input by name (its data_ptr()), an item by position (an int), the base plus an
+    offset, and a map's address word shifted and biased; the rest of the buffer as packed,
+    the grid, block, shared memory and stream as given."""
+    recorder = _Recorder([8, 8, 8, 128])
+    params, offsets = _params()
+    slots = [
+        (0, FROM_INPUT, "q", 0, 0, 8),
+        (8, FROM_ITEM, 1, 0, 0, 8),
+        (16, FROM_BASE, None, 0, 4096, 8),
+        (24 + 32, FROM_INPUT, "k", 4, 2**63 + 5, 8),
+    ]
+    launch = implementation(
+        recorder.address, 0x77, (3, 2, 1), (128, 1, 1), 1024, params, offsets, slots
+    )
+    q, k = torch.empty(4), torch.empty(8)
+    assert launch.run(99, {"q": q, "k": k}, [None, 2**40 + 8], 2**30) == 0
+    ((function, dims, stream, values),) = recorder.launches
+    assert function == 0x77 and dims == (3, 2, 1, 128, 1, 1, 1024) and stream == 99
+    assert values[0] == _word(q.data_ptr())
+    assert values[1] == _word(2**40 + 8)
+    assert values[2] == _word(2**30 + 4096)
+    expected_map = bytearray(params[24:])
+    expected_map[32:40] = _word(2**63 + 5 + (k.data_ptr() >> 4))
+    assert values[3] == bytes(expected_map)
+    assert launch.buffer() == b"".join(values)  # the buffer as passed, 152 bytes
+
+
+def test_a_whole_map_slot_copies_bytes_and_none_is_a_null_pointer(implementation: Any) -> None:
+    recorder = _Recorder([8, 8, 8, 128])
+    params, offsets = _params()
+    slots = [(0, FROM_ITEM, 0, 0, 0, 8), (24, FROM_ITEM, 1, 0, 0, 128)]
+    launch = implementation(recorder.address, 1, (1, 1, 1), (32, 1, 1), 0, params, offsets, slots)
+    launch.run(0, None, (None, bytes([3]) * 128), 0)
+    ((_, _, _, values),) = recorder.launches
+    assert values[0] == bytes(8) and values[3] == bytes([3]) * 128
+
+
+def test_the_drivers_result_code_comes_back(implementation: Any) -> None:
+    recorder = _Recorder([8, 8, 8, 128])
+    recorder.code = 700
+    params, offsets = _params()
+    launch = implementation(recorder.address, 1, (1, 1, 1), (32, 1, 1), 0, params, offsets, [])
+    assert launch.run(0, None, (), 0) == 700
+
+
+def test_a_missing_input_or_a_map_of_the_wrong_length_launches_nothing(
+    implementation: Any,
+) -> None:
+    recorder = _Recorder([8, 8, 8, 128])
+    params, offsets = _params()
+    by_name = [(0, FROM_INPUT, "q", 0, 0, 8)]
+    launch = implementation(recorder.address, 1, (1, 1, 1), (32, 1, 1), 0, params, offsets, by_name)
+    with pytest.raises(KeyError):
+        launch.run(0, {"k": torch.empty(1)}, (), 0)
+    whole = [(24, FROM_ITEM, 0, 0, 0, 128)]
+    launch = implementation(recorder.address, 1, (1, 1, 1), (32, 1, 1), 0, params, offsets, whole)
+    with pytest.raises(ValueError, match="128-byte slot given 64 bytes"):
+        launch.run(0, None, (bytes(64),), 0)
+    assert recorder.launches == []
+
+
+def test_a_slot_outside_the_parameters_is_refused_when_prepared() -> None:
+    module = native.launcher()
+    assert module is not None, native.unavailable()
+    params, offsets = _params()
+    with pytest.raises(ValueError, match="outside the buffer"):
+        module.Launch(
+            1, 1, (1, 1, 1), (32, 1, 1), 0, params, offsets, [(148, FROM_ITEM, 0, 0, 0, 8)]
+        )
+
+
+def test_driver_launches_take_the_c_launcher_where_it_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """driver.Launch prepares the C object; with ATTNCC_NATIVE_LAUNCH=0 (or no compiler)
+    the Python one, and says why."""
+    module = native.launcher()
+    assert module is not None, native.unavailable()
+    monkeypatch.setattr(driver, "entry_address", lambda: 1)
+    import numpy as np
+
+    launch = driver.Launch(1, (1, 1, 1), (32, 1, 1), 0, 0, [np.uint64(0)], slots=(0,))
+    assert isinstance(launch._issue, module.Launch)
+    monkeypatch.setenv("ATTNCC_NATIVE_LAUNCH", "0")
+    native.launcher.cache_clear()
+    try:
+        launch = driver.Launch(1, (1, 1, 1), (32, 1, 1), 0, 0, [np.uint64(0)], slots=(0,))
+        assert isinstance(launch._issue, driver.PythonLaunch)
+        assert native.unavailable() == "ATTNCC_NATIVE_LAUNCH=0"
+    finally:
+        monkeypatch.delenv("ATTNCC_NATIVE_LAUNCH")
+        native.launcher.cache_clear()

@@ -1,0 +1,126 @@
+"""Recorded Triton launches packed for attncc's launcher (attncc.runtime.triton_launch), on
+CPU against a recording stand-in for cuLaunchKernel: the parameters in the layout of
+Triton's launcher, each call's pointers and moved maps in their slots, and the launches it
+leaves to Triton. The real kernels run on a GPU (tests/runtime/test_triton_plan.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from attncc.runtime import driver, native, tensor_descriptors, tensor_map, triton_launch
+
+TYPES = ["*fp16", "i32", "constexpr", "fp32", "nvTmaDesc", "i32", "i64", "*i32", "i1"]
+# each parameter's bytes: the constexpr has none; two scratch pointers close the list
+SIZES = [8, 4, 4, 128, 4, 8, 8, 1, 8, 8]
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.launches: list[tuple[Any, ...]] = []
+        self.entry = driver._ENTRY(self._launch)
+
+    def _launch(self, function: int, *rest: Any) -> int:
+        params = ctypes.cast(rest[8], ctypes.POINTER(ctypes.c_void_p))
+        values = [ctypes.string_at(params[i], n) for i, n in enumerate(SIZES)]
+        self.launches.append((function, tuple(rest[:7]), rest[7], values))
+        return 0
+
+
+@pytest.fixture(params=["native", "python"])
+def recorder(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[_Recorder]:
+    recording = _Recorder()
+    address = ctypes.cast(recording.entry, ctypes.c_void_p).value
+    monkeypatch.setattr(driver, "entry_address", lambda: address)
+    monkeypatch.setattr(driver, "parameter_sizes", lambda function: list(SIZES))
+    monkeypatch.setattr(tensor_descriptors, "map_address", lambda m: ctypes.addressof(m))
+    if request.param == "native":
+        assert native.launcher() is not None, native.unavailable()
+    else:
+        monkeypatch.setattr(driver, "_native", lambda: None)
+    yield recording
+
+
+def _compiled(**metadata: Any) -> Any:
+    fields = {"num_warps": 4, "num_ctas": 1, "shared": 2048, "launch_pdl": False} | metadata
+    return SimpleNamespace(function=0x55, metadata=SimpleNamespace(**fields))
+
+
+def _map(address: int) -> bytes:
+    return bytes(16) + (address >> 4 | 1 << 62).to_bytes(8, "little") + bytes(range(104))
+
+
+def test_a_launch_passes_tritons_layout_and_each_calls_pointers(recorder: _Recorder) -> None:
+    """Constexprs drop out, scalars take their C width, the map its 128 bytes; the input's
+    pointer, the kept buffer's and the map's address word come from the call."""
+    kept = torch.empty(4, dtype=torch.int32)
+    held = ctypes.create_string_buffer(_map(2**36), 128)
+    values = [None, 7, 64, 0.5, held, 3, 2**40, kept, True]
+    field = tensor_map.address_field(_map, 2**36)
+    assert field is not None
+    launch = triton_launch.prepare(
+        _compiled(), (5, 2, 1), values, TYPES, [(0, ("input", "q"))], [(4, field, ("alloc", 1))]
+    )
+    assert isinstance(launch, driver.Launch)
+    q, out = torch.empty(8), torch.empty(16)
+    launch.run(123, {"q": q}, [None, out], 0)
+    ((function, dims, stream, passed),) = recorder.launches
+    assert function == 0x55 and dims == (5, 2, 1, 128, 1, 1, 2048) and stream == 123
+    assert passed == [
+        struct.pack("<Q", q.data_ptr()), struct.pack("<i", 7), struct.pack("<f", 0.5),
+        _map(out.data_ptr()), struct.pack("<i", 3), struct.pack("<q", 2**40),
+        struct.pack("<Q", kept.data_ptr()), b"\x01", bytes(8), bytes(8),
+    ]  # fmt: skip
+
+
+def test_a_scratch_slot_is_the_base_plus_its_offset(recorder: _Recorder) -> None:
+    values = [None, 7, 64, 0.5, ctypes.create_string_buffer(128), 3, 4, None, False]
+    launch = triton_launch.prepare(
+        _compiled(), (1, 1, 1), values, TYPES, [(0, ("scratch", 1024)), (7, ("input", "q"))]
+    )
+    assert isinstance(launch, driver.Launch)
+    q = torch.empty(2)
+    launch.run(0, {"q": q}, [], 2**32)
+    ((_, _, _, passed),) = recorder.launches
+    assert passed[0] == struct.pack("<Q", 2**32 + 1024) and passed[6] == struct.pack(
+        "<Q", q.data_ptr()
+    )
+
+
+@pytest.mark.parametrize(
+    ("compiled", "sizes", "types", "why"),
+    [
+        (_compiled(num_ctas=2), SIZES, TYPES, "cuLaunchKernelEx's attributes"),
+        (_compiled(global_scratch_size=64), SIZES, TYPES, "scratch memory"),
+        (_compiled(), [*SIZES, 8], TYPES, "differ from Triton's signature"),
+        (_compiled(), None, TYPES, "cannot list the kernel's parameters"),
+        (_compiled(), SIZES, ["fp16" if t == "fp32" else t for t in TYPES], "type fp16"),
+    ],
+)
+def test_launches_it_cannot_pack_exactly_keep_tritons_launcher(
+    recorder: _Recorder,
+    monkeypatch: pytest.MonkeyPatch,
+    compiled: Any,
+    sizes: list[int] | None,
+    types: list[str],
+    why: str,
+) -> None:
+    monkeypatch.setattr(driver, "parameter_sizes", lambda function: sizes)
+    values = [None, 7, 64, 0.5, ctypes.create_string_buffer(128), 3, 4, None, True]
+    refusal = triton_launch.prepare(compiled, (1, 1, 1), values, types, [(0, ("input", "q"))])
+    assert isinstance(refusal, str) and why in refusal
+
+
+def test_a_descriptor_left_to_tritons_wrapper_keeps_its_launcher(recorder: _Recorder) -> None:
+    source = ("desc", ("input", "k"), (64, 32), (32, 1), (16, 32), "zero")
+    values = [None, 7, 64, 0.5, ctypes.create_string_buffer(128), 3, 4, None, True]
+    refusal = triton_launch.prepare(_compiled(), (1, 1, 1), values, TYPES, [(0, source)])
+    assert isinstance(refusal, str) and "from desc" in refusal
