@@ -99,39 +99,30 @@ def parts(spec: str, shape_text: str, dtype_name: str, target: str) -> dict[str,
     return timed | {"backend": backend}  # type: ignore[dict-item]
 
 
-class _Stub:
-    """A launch that records its arguments instead of launching."""
-
-    def __init__(self, captured: list[tuple[Callable[..., Any], tuple[Any, ...]]], real: Any):
-        self.captured, self.real = captured, real
-
-    def run(self, *args: Any) -> None:
-        self.captured.append((self.real.run, args))
-
-
 def _triton_launch_parts(plan: Any, tensors: dict[str, Any]) -> dict[str, Callable[[], Any]]:
     """A Triton plan's replay split in two: its Python work with every launch stubbed out,
     and the launches alone (attncc's launcher, or Triton's compiled launcher where the plan
     keeps it) on the arguments one replay passed them."""
     captured: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+    def capturing(launch: Callable[..., Any]) -> Callable[..., int]:
+        def capture(*args: Any) -> int:
+            captured.append((launch, args))
+            return 0
+
+        return capture
+
     if plan.driven is not None:
-        real = plan.driven
-        plan.driven = tuple(_Stub(captured, launch) for launch in real)
-        plan(tensors)  # one replay, captured
-        stubs = tuple(_Stub([], launch) for launch in real)
-        attribute = "driven"
+        attribute, real = "issues", plan.issues
+        plan.issues = tuple(capturing(issue) for issue in real)
+        stubs: tuple[Any, ...] = tuple(lambda *args: 0 for _ in real)
     elif plan.launches:
-        real = plan.launches
-
-        def stubbed(launch: Callable[..., Any]) -> Callable[..., None]:
-            return lambda *args: captured.append((launch, args))  # type: ignore[func-returns-value]
-
-        plan.launches = tuple((stubbed(entry[0]), *entry[1:]) for entry in real)
-        plan(tensors)
-        stubs = tuple((lambda *args: None, *entry[1:]) for entry in real)
-        attribute = "launches"
+        attribute, real = "launches", plan.launches
+        plan.launches = tuple((capturing(entry[0]), *entry[1:]) for entry in real)
+        stubs = tuple((lambda *args: 0, *entry[1:]) for entry in real)
     else:
         return {}
+    plan(tensors)  # one replay, captured
     setattr(plan, attribute, real)
 
     def python_only() -> None:

@@ -13,7 +13,7 @@ import ctypes
 import functools
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -320,7 +320,9 @@ class Launch:
     def __call__(self, *values: int | bytes) -> None:
         if len(values) != self._positional:
             raise TypeError(f"a launch with {self._positional} slots, given {len(values)} values")
-        self.run(self._stream, None, values, 0)
+        code = self._issue.run(self._stream, None, values, 0)  # one Python frame less
+        if code:
+            _check(code, "cuLaunchKernel")
 
     def run(self, stream: int, inputs: Any, items: Sequence[Any], base: int) -> None:
         """Issue the launch on ``stream``, its slots filled from ``inputs`` (a dict by
@@ -329,9 +331,20 @@ class Launch:
         if code:
             _check(code, "cuLaunchKernel")
 
+    @property
+    def issue(self) -> Callable[[int, Any, Sequence[Any], int], int]:
+        """``run`` without its check: the driver's result code, for a caller that checks
+        it (``check``) and saves a Python frame a launch."""
+        return self._issue.run
+
     def buffer(self) -> bytes:
         """The parameters as last passed."""
         return bytes(self._issue.buffer())
+
+
+def check(code: int) -> None:
+    """Raise for a launch's result code (``Launch.issue``) other than success."""
+    _check(code, "cuLaunchKernel")
 
 
 class PythonLaunch:

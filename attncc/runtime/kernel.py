@@ -201,16 +201,16 @@ class Kernel:
         key: tuple[Any, ...] | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A Triton target call's (out, lse); ``key``: its stream-free Plans.key."""
-        on_cpu = next(iter(tensors.values())).device.type == "cpu"
         geometry = self._geometry(key)
         if geometry is not None and geometry.plan is not None:
-            if on_cpu:
+            if geometry.device.type == "cpu":  # the key holds the device
                 with interpreter(True):
                     replayed = geometry.plan(tensors)
             else:
                 replayed = geometry.plan(tensors)
             if replayed is not None:
                 return replayed
+        on_cpu = next(iter(tensors.values())).device.type == "cpu"
         module = self.module(interpreted=on_cpu)
         if geometry is None:
             sizes, dtype, device = checked = module._check(tensors, params)
@@ -367,7 +367,15 @@ def _plain_eager(tensors: Iterable[Any]) -> bool:
     mode (FakeTensorMode, ...), plain tensors (no subclasses, fake or functional tensors) and
     nothing for autograd to record (the op's autograd kernel refuses inputs that require
     grad, with grad mode on, as ``Kernel.__call__`` does on this path: no backward yet)."""
-    if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
+    if _is_compiling() or _current_dispatch_mode() is not None:
         return False
     grad = torch.is_grad_enabled()
-    return all(type(t) is torch.Tensor and not (grad and t.requires_grad) for t in tensors)
+    # a loop, not all() over a generator: 0.77 against 1.26 us for 3 inputs (this
+    # repository's CPU machine)
+    for t in tensors:  # noqa: SIM110
+        if type(t) is not torch.Tensor or (grad and t.requires_grad):
+            return False
+    return True
+
+
+_is_compiling = torch.compiler.is_compiling

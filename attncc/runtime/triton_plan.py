@@ -246,6 +246,7 @@ class TritonPlan:
             if device is not None and not refusals
             else None
         )
+        self.issues = tuple(launch.issue for launch in self.driven or ())
         # launches that rewrite tensor maps they keep (descriptor patches) hold this while
         # patching and launching: two threads replaying the plan share those maps
         self.patched = any(launch[6] for launch in self.launches)
@@ -278,8 +279,10 @@ class TritonPlan:
             base = block.data_ptr()
         if compiled:
             if self.driven is not None:
-                for launch in self.driven:
-                    launch.run(stream, tensors, allocs, base)
+                for issue in self.issues:
+                    code = issue(stream, tensors, allocs, base)
+                    if code:
+                        driver.check(code)
             elif self.patched:
                 with self._lock:
                     self._launch(stream, tensors, allocs, base)

@@ -277,3 +277,25 @@ def test_an_empty_plan_zeroes_the_output() -> None:
     plan = launch_plan.EmptyPlan(lambda: (torch.full((2, 3), 5.0), torch.full((2,), 5.0)))
     out, lse = plan({})
     assert torch.equal(out, torch.zeros(2, 3)) and bool(torch.isneginf(lse).all())
+
+
+def test_a_cuda_plans_outputs_are_fresh_and_an_unasked_log_sum_exp_is_shared() -> None:
+    """The CUDA host's plan allocator (its shapes worked out once): a new output every call;
+    without return_lse one zero-element log-sum-exp serves every call (it holds no data),
+    with it a new one of the full shape; poisoned outputs are NaN-filled."""
+    import attncc
+
+    host = attncc.compile("examples/causal.attn", target="cuda")._host
+    sizes = {"B": 2, "H": 3, "M": 5, "D": 4}
+    allocate = host._allocator(sizes, torch.float16, torch.device("cpu"), False)
+    (out, lse), (again, lse_again) = allocate(), allocate()
+    assert out.shape == (2, 3, 5, 4) and out.dtype == torch.float16 and again is not out
+    assert lse.numel() == 0 and lse_again is lse
+    asked = host._allocator(sizes, torch.float16, torch.device("cpu"), True)
+    (_, full), (_, other) = asked(), asked()
+    assert full.shape == (2, 3, 5) and other is not full
+    host._POISON = True
+    try:
+        assert bool(torch.isnan(allocate()[0]).all())
+    finally:
+        host._POISON = False

@@ -150,3 +150,22 @@ def test_driver_launches_take_the_c_launcher_where_it_builds(
     finally:
         monkeypatch.delenv("ATTNCC_NATIVE_LAUNCH")
         native.launcher.cache_clear()
+
+
+def test_a_failed_launch_raises_naming_the_drivers_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``issue`` hands back the driver's code for the caller to check; ``run`` and a
+    positional call raise with the error's name."""
+    import numpy as np
+
+    recorder = _Recorder([8])
+    recorder.code = 700
+    monkeypatch.setattr(driver, "entry_address", lambda: recorder.address)
+    monkeypatch.setattr(driver, "error_name", lambda code: f"CUDA_ERROR_{code}")
+    launch = driver.Launch(1, (1, 1, 1), (32, 1, 1), 0, 0, [np.uint64(0)], slots=(0,))
+    assert launch.issue(0, None, (5,), 0) == 700
+    with pytest.raises(RuntimeError, match="cuLaunchKernel: CUDA_ERROR_700"):
+        launch.run(0, None, (5,), 0)
+    with pytest.raises(RuntimeError, match="CUDA_ERROR_700"):
+        launch(5)
+    with pytest.raises(RuntimeError, match="CUDA_ERROR_700"):
+        driver.check(700)
