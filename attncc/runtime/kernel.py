@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 
 from attncc.ir.nodes import AttentionKernel
 from attncc.passes.tiling import Tile
-from attncc.runtime import autograd, triton_plan
+from attncc.runtime import autograd, native, triton_plan
 from attncc.runtime import op as op_registry
 from attncc.runtime.autotune import Tuner
 from attncc.runtime.jit import interpreter, load_module, module_path
@@ -80,6 +80,8 @@ class Kernel:
         self._param_sites = _param_sites(self.spec)
         # loaded now, not on first call: torch.compile cannot trace a module import
         self._host = self.module(interpreted=False)
+        if torch.cuda.is_available():  # GPU launches go through attncc's C launcher
+            native.build_in_background()
         permutation = tuple(self._host._LSE_PERMUTATION)
         identity = permutation == tuple(range(len(permutation)))
         self._lse_permutation = None if identity else permutation

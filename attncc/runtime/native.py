@@ -16,7 +16,6 @@ its Python implementation. ``ATTNCC_NATIVE_LAUNCH=0`` chooses that one on purpos
 
 from __future__ import annotations
 
-import functools
 import importlib.machinery
 import importlib.util
 import os
@@ -26,6 +25,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -45,18 +45,47 @@ def enabled() -> bool:
     return os.environ.get("ATTNCC_NATIVE_LAUNCH", "1") != "0"
 
 
-@functools.lru_cache(maxsize=1)
+_lock = threading.Lock()
+_state: dict[str, ModuleType | None] = {}  # "module": the outcome, once tried
+
+
 def launcher() -> ModuleType | None:
-    """The built launcher module, or None (``unavailable()`` says why)."""
+    """The built launcher module, or None (``unavailable()`` says why). Builds it on the
+    first call (or waits for ``build_in_background``'s build)."""
+    if "module" in _state:
+        return _state["module"]
+    with _lock:
+        if "module" not in _state:
+            _state["module"] = _build()
+    return _state["module"]
+
+
+def build_in_background() -> None:
+    """Start building the launcher on a thread of its own, if no build was tried yet: the
+    compiler (a process of its own) then runs beside a first call's kernel compilation
+    instead of before its first launch."""
+    if "module" not in _state and enabled():
+        threading.Thread(target=launcher, name="attncc-launcher-build", daemon=True).start()
+
+
+def reset() -> None:
+    """Forget the outcome (tests: after changing ATTNCC_NATIVE_LAUNCH)."""
+    with _lock:
+        _state.clear()
+
+
+def _build() -> ModuleType | None:
     global _why_not
     if not enabled():
         _why_not = "ATTNCC_NATIVE_LAUNCH=0"
         return None
     try:
-        return _load(_built())
+        module = _load(_built())
     except (OSError, ImportError, subprocess.SubprocessError, RuntimeError) as error:
         _why_not = f"the C launcher could not be built: {error}"
         return None
+    _why_not = None
+    return module
 
 
 def _built() -> Path:

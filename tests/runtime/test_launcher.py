@@ -142,14 +142,14 @@ def test_driver_launches_take_the_c_launcher_where_it_builds(
     launch = driver.Launch(1, (1, 1, 1), (32, 1, 1), 0, 0, [np.uint64(0)], slots=(0,))
     assert isinstance(launch._issue, module.Launch)
     monkeypatch.setenv("ATTNCC_NATIVE_LAUNCH", "0")
-    native.launcher.cache_clear()
+    native.reset()
     try:
         launch = driver.Launch(1, (1, 1, 1), (32, 1, 1), 0, 0, [np.uint64(0)], slots=(0,))
         assert isinstance(launch._issue, driver.PythonLaunch)
         assert native.unavailable() == "ATTNCC_NATIVE_LAUNCH=0"
     finally:
         monkeypatch.delenv("ATTNCC_NATIVE_LAUNCH")
-        native.launcher.cache_clear()
+        native.reset()
 
 
 def test_a_failed_launch_raises_naming_the_drivers_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,3 +169,45 @@ def test_a_failed_launch_raises_naming_the_drivers_error(monkeypatch: pytest.Mon
         launch(5)
     with pytest.raises(RuntimeError, match="CUDA_ERROR_700"):
         driver.check(700)
+
+
+def test_a_launcher_that_does_not_build_says_why_and_launches_in_python(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A compiler that fails (here `false`) leaves no launcher module and a reason; driver
+    launches then take the Python implementation."""
+    import numpy as np
+
+    monkeypatch.setenv("ATTNCC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")
+    native.reset()
+    try:
+        assert native.launcher() is None
+        assert "could not be built: false failed" in (native.unavailable() or "")
+        monkeypatch.setattr(driver, "entry_address", lambda: 1)
+        launch = driver.Launch(1, (1, 1, 1), (32, 1, 1), 0, 0, [np.uint64(0)], slots=(0,))
+        assert isinstance(launch._issue, driver.PythonLaunch)
+    finally:
+        native.reset()
+
+
+def test_a_background_build_is_the_one_later_launches_use(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """build_in_background starts the build on its own thread; launcher() waits for that
+    build and returns its module, built once into the cache."""
+    import threading
+
+    monkeypatch.setenv("ATTNCC_CACHE_DIR", str(tmp_path))
+    native.reset()
+    try:
+        native.build_in_background()
+        module = native.launcher()
+        assert module is not None, native.unavailable()
+        for thread in threading.enumerate():
+            if thread.name == "attncc-launcher-build":
+                thread.join()
+        assert native.launcher() is module
+        assert len(list((tmp_path / "native").glob("attncc_launcher_*"))) == 1
+    finally:
+        native.reset()
