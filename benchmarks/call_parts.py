@@ -75,6 +75,7 @@ def parts(spec: str, shape_text: str, dtype_name: str, target: str) -> dict[str,
                 ]
                 if plan.builder is None:
                     row["attend launch"] = lambda: plan.attend(*pointers, *encoded)
+                ab = _c_and_python_launches(plan.attend, lambda: kernel(*args))
                 if plan.maps:
                     layout = plan.maps[0][1]
                     ptr = maps[0].data_ptr()
@@ -139,6 +140,24 @@ def _triton_launch_parts(plan: Any, tensors: dict[str, Any]) -> dict[str, Callab
             launch(*args)
 
     return {"plan, launches stubbed": python_only, "launches alone": launches_alone}
+
+
+def _c_and_python_launches(
+    launch: driver.Launch, call: Callable[[], Any], rounds: int = 7
+) -> dict[str, float]:
+    """A whole call with its prepared launch issued by the C launcher and by its ctypes
+    twin (driver.PythonLaunch, the same packed parameters and slots), in alternating
+    rounds, best of each."""
+    native = launch._issue
+    python = driver.PythonLaunch(driver.entry_address(), *launch._config, launch.slots)
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, issue in (("C", native), ("ctypes", python)):
+            launch._issue = issue
+            us = issue_us(call, repeats=1)
+            best[f"call, {name} launch"] = min(best.get(f"call, {name} launch", us), us)
+    launch._issue = native
+    return best
 
 
 def _launchers_side_by_side(
