@@ -142,41 +142,40 @@ def _triton_launch_parts(plan: Any, tensors: dict[str, Any]) -> dict[str, Callab
     return {"plan, launches stubbed": python_only, "launches alone": launches_alone}
 
 
-def _c_and_python_launches(
-    launch: driver.Launch, call: Callable[[], Any], rounds: int = 7
+def _alternating(
+    call: Callable[[], Any], target: Any, attribute: str, variants: dict[str, Any], rounds: int = 7
 ) -> dict[str, float]:
-    """A whole call with its prepared launch issued by the C launcher and by its ctypes
-    twin (driver.PythonLaunch, the same packed parameters and slots), in alternating
-    rounds, best of each."""
-    native = launch._issue
-    python = driver.PythonLaunch(driver.entry_address(), *launch._config, launch.slots)
+    """A whole call with ``target.attribute`` set to each of ``variants`` in turn, timed in
+    alternating rounds, best of each (the GPU machine's CPU times drift between runs, not
+    between neighbouring rounds); the attribute is left as found."""
+    original = getattr(target, attribute)
     best: dict[str, float] = {}
-    for _ in range(rounds):
-        for name, issue in (("C", native), ("ctypes", python)):
-            launch._issue = issue
-            us = issue_us(call, repeats=1)
-            best[f"call, {name} launch"] = min(best.get(f"call, {name} launch", us), us)
-    launch._issue = native
+    try:
+        for _ in range(rounds):
+            for name, value in variants.items():
+                setattr(target, attribute, value)
+                us = issue_us(call, repeats=1)
+                best[name] = min(best.get(name, us), us)
+    finally:
+        setattr(target, attribute, original)
     return best
 
 
-def _launchers_side_by_side(
-    plan: Any, call: Callable[[], Any], rounds: int = 7
-) -> dict[str, float]:
-    """A whole call replayed through attncc's launcher and through Triton's (the plan's
-    launches with and without ``driven``), timed in alternating rounds, best of each: the
-    GPU machine's CPU times drift between runs, not between neighbouring rounds."""
+def _c_and_python_launches(launch: driver.Launch, call: Callable[[], Any]) -> dict[str, float]:
+    """The call with its prepared launch issued by the C launcher and by its ctypes twin
+    (driver.PythonLaunch, the same packed parameters and slots)."""
+    python = driver.PythonLaunch(driver.entry_address(), *launch._config, launch.slots)
+    variants = {"call, C launch": launch._issue, "call, ctypes launch": python}
+    return _alternating(call, launch, "_issue", variants)
+
+
+def _launchers_side_by_side(plan: Any, call: Callable[[], Any]) -> dict[str, float]:
+    """The call replayed through attncc's launcher and through Triton's (the plan's
+    launches with and without ``driven``)."""
     if plan.driven is None:
         return {}
-    driven = plan.driven
-    best: dict[str, float] = {}
-    for _ in range(rounds):
-        for name, launches in (("attncc", driven), ("Triton", None)):
-            plan.driven = launches
-            us = issue_us(call, repeats=1)
-            best[f"call, {name} launcher"] = min(best.get(f"call, {name} launcher", us), us)
-    plan.driven = driven
-    return best
+    variants = {"call, attncc launcher": plan.driven, "call, Triton launcher": None}
+    return _alternating(call, plan, "driven", variants)
 
 
 def main(argv: list[str]) -> int:
