@@ -113,7 +113,7 @@ def _triton_launch_parts(plan: Any, tensors: dict[str, Any]) -> dict[str, Callab
 
         return capture
 
-    if plan.driven is not None:
+    if plan.issues is not None:
         attribute, real = "issues", plan.issues
         plan.issues = tuple(capturing(issue) for issue in real)
         stubs: tuple[Any, ...] = tuple(lambda *args: 0 for _ in real)
@@ -171,11 +171,11 @@ def _c_and_python_launches(launch: driver.Launch, call: Callable[[], Any]) -> di
 
 def _launchers_side_by_side(plan: Any, call: Callable[[], Any]) -> dict[str, float]:
     """The call replayed through attncc's launcher and through Triton's (the plan's
-    launches with and without ``driven``)."""
-    if plan.driven is None:
+    launches with and without ``issues``)."""
+    if plan.issues is None:
         return {}
-    variants = {"call, attncc launcher": plan.driven, "call, Triton launcher": None}
-    return _alternating(call, plan, "driven", variants)
+    variants = {"call, attncc launcher": plan.issues, "call, Triton launcher": None}
+    return _alternating(call, plan, "issues", variants)
 
 
 def main(argv: list[str]) -> int:

@@ -236,17 +236,17 @@ class TritonPlan:
 
         prepared = [_prepared(s, pointer) for s in self.steps] if device is not None else []
         self.launches = tuple(triton for triton, _ in prepared)
-        # every step through attncc's launcher (triton_launch; None: a step with an empty
-        # grid, which launches nothing), or None and why a step keeps Triton's launcher
-        driven = [launch for _, launch in prepared]
-        refusals = [launch for launch in driven if isinstance(launch, str)]
+        # every step issued through attncc's launcher (triton_launch; a step with an empty
+        # grid launches nothing): each one's driver.Launch.issue; or None, and why a step
+        # keeps Triton's launcher
+        direct = [launch for _, launch in prepared]
+        refusals = [launch for launch in direct if isinstance(launch, str)]
         self.launcher_refusal = refusals[0] if refusals else None
-        self.driven = (
-            tuple(launch for launch in driven if isinstance(launch, driver.Launch))
+        self.issues = (
+            tuple(launch.issue for launch in direct if isinstance(launch, driver.Launch))
             if device is not None and not refusals
             else None
         )
-        self.issues = tuple(launch.issue for launch in self.driven or ())
         # launches that rewrite tensor maps they keep (descriptor patches) hold this while
         # patching and launching: two threads replaying the plan share those maps
         self.patched = any(launch[6] for launch in self.launches)
@@ -278,7 +278,7 @@ class TritonPlan:
             block = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=self.device)
             base = block.data_ptr()
         if compiled:
-            if self.driven is not None:
+            if self.issues is not None:
                 for issue in self.issues:
                     code = issue(stream, tensors, allocs, base)
                     if code:

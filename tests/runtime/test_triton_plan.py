@@ -44,12 +44,14 @@ def _draw(name: str, schedule: str, seed: int) -> tuple[Any, dict[str, torch.Ten
     return kernel, sizes  # type: ignore[return-value]
 
 
-def _assert_driven(kernel: Any, inputs: dict[str, torch.Tensor], return_lse: bool) -> None:
+def _assert_through_attnccs_launcher(
+    kernel: Any, inputs: dict[str, torch.Tensor], return_lse: bool
+) -> None:
     """On a GPU, the replay of this call issues every launch through attncc's own launcher
     (attncc.runtime.triton_launch), not Triton's."""
     if DEVICE == "cuda":
         plan = kernel._geometry(Plans.key(inputs, {}, return_lse, False, stream=False)).plan
-        assert plan.driven is not None, plan.launcher_refusal
+        assert plan.issues is not None, plan.launcher_refusal
 
 
 def _full_path(kernel: Any, inputs: dict[str, torch.Tensor], return_lse: bool) -> Any:
@@ -71,7 +73,7 @@ def test_a_repeated_call_replays_and_matches_the_full_path(
     second = make_inputs(kernel.ir, sizes, torch.float32, DEVICE, rng)
     kernel(**first, return_lse=return_lse)
     assert kernel.launch_path(**second, return_lse=return_lse) == "replay"
-    _assert_driven(kernel, second, return_lse)
+    _assert_through_attnccs_launcher(kernel, second, return_lse)
     got = kernel(**second, return_lse=return_lse)
     out, lse = _full_path(kernel, second, return_lse)
     if return_lse:
@@ -101,7 +103,7 @@ def test_replays_on_fresh_tensors_move_the_descriptor_maps_to_them() -> None:
     if DEVICE == "cuda" and kernel.launch_config(**calls[0]).get("tma"):
         key = Plans.key(calls[0], {}, False, False, stream=False)
         assert kernel._geometry(key).plan.patched
-        _assert_driven(kernel, calls[0], False)
+        _assert_through_attnccs_launcher(kernel, calls[0], False)
 
 
 def test_a_changed_layout_dtype_or_size_never_reuses_a_plan() -> None:
