@@ -285,14 +285,14 @@ class Launch:
         kinds = tuple(len(a) if isinstance(a, bytes) else type(a) for a in args)
         packer, offsets = _layout(kinds)
         self.offsets = offsets
-        self._lengths = tuple(_length(kind) for kind in kinds)
+        lengths = tuple(_length(kind) for kind in kinds)
         self._config = (function, grid, block, shared_bytes, packer.pack(*args), offsets)
         self._stream = stream
         positional = [
-            (offsets[i], FROM_ITEM, n, 0, 0, self._lengths[i] or 8) for n, i in enumerate(slots)
+            (offsets[i], FROM_ITEM, n, 0, 0, lengths[i] or 8) for n, i in enumerate(slots)
         ]
         self._positional = len(positional)
-        self._map_slots = tuple(n for n, i in enumerate(slots) if self._lengths[i])
+        self._map_slots = tuple(n for n, i in enumerate(slots) if lengths[i])
         self.slots: tuple[Slot, ...] = ()
         self.with_slots(positional)
 
