@@ -2,13 +2,16 @@
 (both kernels and the host work around them) per configuration, and each one's largest
 gradient difference from the baseline's (they must agree).
 
-    python3 benchmarks/backward_sweep.py SPEC SHAPE [bf16|fp16]
+    python3 benchmarks/backward_sweep.py SPEC SHAPE [bf16|fp16] [--one-pass]
 
 The two kernels run one after the other, so each is swept with the other at its default:
 the dkdv kernel's (block_m, block_n, num_warps, num_stages) in both orientations (keys-major
 [keys, rows] score tiles, the default; rows-major, P and dS transposed in registers), then
 the dq kernel's. The baseline is the former schedule (rows-major dkdv, both kernels at
 64x64, 4 warps, 2 stages); the last line times the best dkdv and dq configurations together.
+Last, the one-pass schedule (``dq_atomic``: a delta kernel, then the dkdv kernel adding dQ
+with atomics) at each dkdv configuration; ``--one-pass`` times the default two passes and
+that section alone.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ CONFIGS: tuple[Config, ...] = (
 
 
 def main(argv: list[str]) -> int:
+    one_pass_only = "--one-pass" in argv
+    argv = [a for a in argv if a != "--one-pass"]
     spec, shape_text = argv[0], argv[1]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[argv[2] if len(argv) > 2 else "bf16"]
     kernel = attncc.compile(spec)
@@ -78,6 +83,10 @@ def main(argv: list[str]) -> int:
     def tiles(c: Config) -> str:
         return f"{c[0]:>3}x{c[1]:<3} w{c[2]} s{c[3]}"
 
+    if one_pass_only:
+        time(f"two passes  {tiles(DEFAULT)}", {})
+        _one_pass(time, tiles)
+        return 0
     print("baseline: rows-major dkdv, both kernels at the former default")
     time(f"dkdv rows  {tiles(DEFAULT)}  dq {tiles(DEFAULT)}",
          {"dq_config": DEFAULT, "dkdv_config": DEFAULT, "dkdv_keys_major": False})  # fmt: skip
@@ -101,7 +110,14 @@ def main(argv: list[str]) -> int:
         print("best of each, together:")
         config = {"dq_config": dq, "dkdv_config": dkdv, "dkdv_keys_major": keys_major}
         time(f"dkdv {layout}  {tiles(dkdv)}  dq {tiles(dq)}", config)
+    _one_pass(time, tiles)
     return 0
+
+
+def _one_pass(time: Any, tiles: Any) -> None:
+    print("one pass (dQ added atomically by the keys-major dkdv kernel):")
+    for c in CONFIGS:
+        time(f"one pass {tiles(c)}", {"dq_config": DEFAULT, "dkdv_config": c, "dq_atomic": True})
 
 
 if __name__ == "__main__":
