@@ -25,9 +25,13 @@ in one sequence have the same start, ``cu_seqlens_q[seq_q[m]] == cu_seqlens_q[se
 Mask analysis cancels the two under the sequence mask: ``mask m >= n`` in local positions is
 the key interval ``n <= m`` in packed ones, and the kernel skips the tiles above each
 sequence's diagonal and runs those below it without a mask, as the document-mask kernel
-does (with two tables it must test the local positions in every tile that holds a sequence
-boundary: measured on an H200 at 16k packed tokens, causal varlen ran at 0.39-0.48x of the
-document-mask kernel).
+does. With two tables a key's local position reads its start through the query's sequence
+(``n - cu_seqlens_k[seq_q[m]]``, the key's own wherever the sequence mask holds), so
+``mask m >= n`` becomes ``m - cu_seqlens_q[seq_q[m]] + cu_seqlens_k[seq_q[m]] >= n``: the
+row's diagonal in packed keys against the key index, which the tile index bounds per tile
+as tightly as one table's interval (the same tiles listed, the same ones full; through
+each key's own sequence, a query tile holding a sequence boundary listed every tile of the
+next sequence, and none ran mask-free).
 
 The derived spec is spec text, checked and compiled like any other
 (``VarlenKernel.source`` shows it); the rewrite works on the AST and prints every
@@ -103,6 +107,13 @@ class _Rewrite:
         """The local value a name stands for in the user's expressions."""
         row_seq = f"{_SEQ_Q}[{self.query}]"
         seq_k, cu_k = self.key_tables
+        # the key's start: in one packing through its own sequence (mask-analysis cancels
+        # it against the query's under the sequence mask: an interval, n <= m for causal);
+        # in two, through the query's sequence, as the lengths below (the sequence mask
+        # makes them one), so a comparison of local positions separates into a row side
+        # and the packed key index, which the tile index bounds per tile
+        key_seq = f"{seq_k}[{self.key}]" if self.same_packing else row_seq
+        key_start = f"{cu_k}[{key_seq}]"
         key_length = (
             f"{_USED_K}[{row_seq}]"
             if self.seqused_k
@@ -110,7 +121,7 @@ class _Rewrite:
         )
         return {
             self.query: f"({self.query} - {_CU_Q}[{row_seq}])",
-            self.key: f"({self.key} - {cu_k}[{seq_k}[{self.key}]])",
+            self.key: f"({self.key} - {key_start})",
             self.batch: row_seq,
             # lengths through the query's sequence: equal to the key's where the
             # sequence mask holds, and it keeps key-side terms reading the key only

@@ -177,10 +177,14 @@ class SeparableMask:
     row: Expr
     op: str
     key: Expr
+    # the mask as the spec wrote it, where its integer terms were moved between the sides
+    # to separate them (the same comparison: integer sums, rearranged)
+    written: Expr | None = None
 
     def is_form_of(self, mask: Expr) -> bool:
-        """Whether ``mask`` is this comparison, written either way round."""
-        return mask in (
+        """Whether ``mask`` is this comparison, written either way round or as the spec
+        wrote it."""
+        return mask == self.written or mask in (
             BinOp(self.op, self.row, self.key, "bool"),
             BinOp(FLIPPED_COMPARE[self.op], self.key, self.row, "bool"),
         )

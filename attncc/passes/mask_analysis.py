@@ -311,7 +311,40 @@ def _separable(
         return ir.SeparableMask(mask.left, mask.op, mask.right)
     if key in left and left <= key_side and query in right and right <= row_side:
         return ir.SeparableMask(mask.right, ir.FLIPPED_COMPARE[mask.op], mask.left)
-    return None
+    return _rearranged(mask, batch, key, query)
+
+
+def _rearranged(mask: ir.BinOp, batch: set[str], key: str, query: str) -> ir.SeparableMask | None:
+    """An integer comparison whose sides mix row and key terms, its terms moved so that
+    one side reads the query index and the other the key index: ``(m - start_q[s[m]]) >=
+    (n - start_k[s[m]])`` (causality in sequence-local positions, keys packed apart from
+    the queries) is ``m - start_q[s[m]] + start_k[s[m]] >= n``, whose row side a query
+    tile's rows bound tightly even where the tile holds two sequences. None where a term
+    reads both indices or a side is left empty."""
+    if mask.left.type != "int" or mask.right.type != "int":
+        return None
+    variables = {key, query}
+    left, right = _linearize(mask.left, variables), _linearize(mask.right, variables)
+    if left is None or right is None:
+        return None
+    form = left.plus(right.scaled(-1))  # form <op> 0
+    row_side, key_side = batch | {query}, batch | {key}
+    row: list[tuple[int, ir.Expr]] = []
+    keys: list[tuple[int, ir.Expr]] = []
+    for name, coeff in form.coeffs.items():
+        (row if name == query else keys).append((coeff, ir.Index(name)))
+    for sign, term in form.terms:
+        reads = indices_of(term)
+        if key not in reads and reads <= row_side:
+            row.append((sign, term))
+        elif query not in reads and reads <= key_side:
+            keys.append((sign, term))
+        else:
+            return None
+    if not any(query in indices_of(t) for _, t in row) or not keys:
+        return None
+    # row + keys <op> 0  <=>  row <op> -keys
+    return ir.SeparableMask(_sum(row), mask.op, _sum([(-sign, t) for sign, t in keys]), mask)
 
 
 def _conjuncts(mask: ir.Expr) -> list[ir.Expr]:

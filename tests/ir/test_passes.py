@@ -593,3 +593,22 @@ def test_mask_plan_under_an_equality_selects_exactly_the_masked_keys(
     by_masks, by_plan = visible(kernel, env)
     assert np.array_equal(want, by_plan), f"{name}: {np.argwhere(want != by_plan)[:5]}"
     assert np.array_equal(want, by_masks), f"{name}: {np.argwhere(want != by_masks)[:5]}"
+
+
+def test_a_comparison_mixing_row_and_key_terms_is_rearranged_into_a_separable_mask() -> None:
+    """Local causality with the key's start read through the row's document (varlen's two
+    packings): no interval, but its terms move into a row side and the key index, which the
+    tile index bounds per tile (full tiles allowed: the residual mask is that comparison as
+    written). A term reading both indices leaves a mask inseparable."""
+    written = f"{LOCAL_M} >= (n - st2[b, {ROW_DOC}])"
+    text = PACKED.replace("mask m >= n\n", f"mask {SAME_DOC}\nmask {written}\n")
+    kernel = attncc.optimise(text)[1]
+    plan = kernel.mask_plan
+    assert plan is not None and not plan.lower and not plan.upper
+    rearranged = plan.separable[-1]
+    row = f"m - st[b, {ROW_DOC}] + st2[b, {ROW_DOC}]"
+    assert (expr_str(rearranged.row), rearranged.op, expr_str(rearranged.key)) == (row, ">=", "n")
+    assert rearranged.written == plan.residual[-1] and rearranged.is_form_of(plan.residual[-1])
+    assert kernel.tile_index is not None and kernel.tile_index.full
+    both = attncc.optimise(text.replace(f"mask {written}\n", "mask (m + n) % 2 == 0\n"))[1]
+    assert both.tile_index is not None and not both.tile_index.full

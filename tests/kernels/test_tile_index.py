@@ -75,6 +75,12 @@ SPECS = {
         True,
         ("b",),
     ),
+    # row and key terms on both sides, moved apart (mask-analysis: varlen's two packings)
+    "terms rearranged": (
+        variant("doc[b, m] == doc[b, n] and m - doc[b, m] >= n - 2 * doc[b, m]"),
+        True,
+        ("b",),
+    ),
     "and a mask that is not separable": (
         variant("doc[b, m] == doc[b, n] and m >= n and (m + n) % 3 != 1"),
         False,
