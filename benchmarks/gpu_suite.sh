@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [heuristic] [parts]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [heuristic] [parts] [onepass]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -158,6 +158,15 @@ if has bench; then
         --target "$target" --log "$OUT/${table}_log.txt" | tee -a "$OUT/bench.log"
     python3 benchmarks/matrix_table.py "$OUT/$table.jsonl" | tee "$OUT/$table.md"
     python3 benchmarks/plot.py "$OUT/$table.jsonl" --out "$OUT"
+fi
+
+if has onepass; then
+    # the one-pass backward (dq_atomic) against the default two passes, per dkdv tile
+    # configuration (benchmarks/backward_sweep.py --one-pass), causal and document mask
+    for spec in causal document_mask; do
+        timeout 280 python3 benchmarks/backward_sweep.py "examples/$spec.attn" 4,16,4096,128 bf16 \
+            --one-pass 2>&1 | grep -vE "Warning|warn"
+    done | tee "$OUT/onepass_$gpu.txt"
 fi
 
 if has backward; then
