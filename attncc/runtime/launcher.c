@@ -12,8 +12,10 @@
    Where a value comes from (`kind`): 0, `inputs[key]` (a dict: the call's tensors by
    name); 1, `items[key]` (a list or tuple); 2, the call's `base` (an int).
 
-   The GIL is held from the first write to the end of cuLaunchKernel, which copies the
-   parameters: two threads never patch one buffer at once. The driver's entry point is
+   Each Launch has a lock, held from the first write to the end of cuLaunchKernel, which
+   copies the parameters: two threads never patch one buffer at once. The GIL is released
+   around the driver call, as Triton's launcher does: a launch that waits for room in a
+   full launch queue leaves other Python threads running. The driver's entry point is
    passed in as an address (libcuda's cuLaunchKernel, or a test's stand-in), so this file
    needs no CUDA headers.
 
@@ -22,6 +24,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pythread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -52,6 +55,7 @@ typedef struct {
   Py_ssize_t n_params;
   Slot *slots;
   Py_ssize_t n_slots;
+  PyThread_type_lock lock;
 } Launch;
 
 static PyObject *data_ptr_name = NULL;
@@ -146,14 +150,28 @@ static PyObject *Launch_run(Launch *self, PyObject *const *args, Py_ssize_t narg
   if (stream == NULL && PyErr_Occurred()) {
     return NULL;
   }
+  if (self->lock == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "attncc launch: not prepared");
+    return NULL;
+  }
+  if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    Py_END_ALLOW_THREADS
+  }
   for (Py_ssize_t i = 0; i < self->n_slots; ++i) {
     if (write_slot(self, &self->slots[i], args[1], args[2], args[3]) < 0) {
+      PyThread_release_lock(self->lock);
       return NULL;
     }
   }
-  int code = self->entry(self->function, self->grid[0], self->grid[1], self->grid[2],
-                         self->block[0], self->block[1], self->block[2], self->shared_bytes,
-                         stream, self->params, NULL);
+  int code;
+  Py_BEGIN_ALLOW_THREADS
+  code = self->entry(self->function, self->grid[0], self->grid[1], self->grid[2],
+                     self->block[0], self->block[1], self->block[2], self->shared_bytes,
+                     stream, self->params, NULL);
+  Py_END_ALLOW_THREADS
+  PyThread_release_lock(self->lock);
   return PyLong_FromLong(code);
 }
 
@@ -165,6 +183,9 @@ static PyObject *Launch_buffer(Launch *self, PyObject *Py_UNUSED(ignored)) {
 static void Launch_dealloc(Launch *self) {
   for (Py_ssize_t i = 0; i < self->n_slots; ++i) {
     Py_XDECREF(self->slots[i].key);
+  }
+  if (self->lock != NULL) {
+    PyThread_free_lock(self->lock);
   }
   PyMem_Free(self->slots);
   PyMem_Free(self->params);
@@ -264,6 +285,11 @@ static int Launch_init(Launch *self, PyObject *args, PyObject *kwargs) {
         goto done;
       }
     }
+  }
+  self->lock = PyThread_allocate_lock();
+  if (self->lock == NULL) {
+    PyErr_NoMemory();
+    goto done;
   }
   status = 0;
 done:

@@ -211,3 +211,37 @@ def test_a_background_build_is_the_one_later_launches_use(
         assert len(list((tmp_path / "native").glob("attncc_launcher_*"))) == 1
     finally:
         native.reset()
+
+
+def test_threads_sharing_a_launch_never_mix_their_parameters(implementation: Any) -> None:
+    """Two threads issue one prepared launch with their own values while the driver call
+    waits (the GIL released): each launch passes its own call's values."""
+    import threading
+    import time
+
+    seen: list[tuple[bytes, bytes]] = []  # (the calling thread's value, the one passed)
+
+    def slow_launch(function: int, *rest: Any) -> int:
+        time.sleep(0.001)  # another thread runs meanwhile
+        params = ctypes.cast(rest[8], ctypes.POINTER(ctypes.c_void_p))
+        own = _word(int(threading.current_thread().name))
+        seen.append((own, ctypes.string_at(params[0], 8)))
+        return 0
+
+    entry = driver._ENTRY(slow_launch)
+    address = int(ctypes.cast(entry, ctypes.c_void_p).value or 0)
+    params, offsets = _params()
+    slots = [(0, FROM_ITEM, 0, 0, 0, 8)]
+    launch = implementation(address, 1, (1, 1, 1), (32, 1, 1), 0, params, offsets, slots)
+
+    def issue(value: int) -> None:
+        for _ in range(20):
+            launch.run(0, None, (value,), 0)
+
+    threads = [threading.Thread(target=issue, args=(v,), name=str(v)) for v in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(seen) == 40 and all(a == b for a, b in seen)
+    assert {a for a, _ in seen} == {_word(1), _word(2)}
