@@ -319,8 +319,10 @@ def _rearranged(mask: ir.BinOp, batch: set[str], key: str, query: str) -> ir.Sep
     one side reads the query index and the other the key index: ``(m - start_q[s[m]]) >=
     (n - start_k[s[m]])`` (causality in sequence-local positions, keys packed apart from
     the queries) is ``m - start_q[s[m]] + start_k[s[m]] >= n``, whose row side a query
-    tile's rows bound tightly even where the tile holds two sequences. None where a term
-    reads both indices or a side is left empty."""
+    tile's rows bound tightly even where the tile holds two sequences. Only where a term
+    that moves reads a table (a comparison of the indices alone, ``m - n != 3``, stays
+    residual: no tile of it is skipped, and an index would cost a builder launch). None
+    where a term reads both indices or a side is left empty."""
     if mask.left.type != "int" or mask.right.type != "int":
         return None
     variables = {key, query}
@@ -328,6 +330,8 @@ def _rearranged(mask: ir.BinOp, batch: set[str], key: str, query: str) -> ir.Sep
     if left is None or right is None:
         return None
     form = left.plus(right.scaled(-1))  # form <op> 0
+    if not any(indices_of(t) & variables for _, t in form.terms):
+        return None
     row_side, key_side = batch | {query}, batch | {key}
     row: list[tuple[int, ir.Expr]] = []
     keys: list[tuple[int, ir.Expr]] = []

@@ -612,3 +612,6 @@ def test_a_comparison_mixing_row_and_key_terms_is_rearranged_into_a_separable_ma
     assert kernel.tile_index is not None and kernel.tile_index.full
     both = attncc.optimise(text.replace(f"mask {written}\n", "mask (m + n) % 2 == 0\n"))[1]
     assert both.tile_index is not None and not both.tile_index.full
+    # the indices alone, no table: nothing to skip, so no index (and no builder launch)
+    plain = attncc.optimise(CAUSAL.replace("mask m >= n", "mask m >= n and m - n != 3"))[1]
+    assert plain.tile_index is None and plain.mask_plan.separable == ()  # type: ignore[union-attr]
