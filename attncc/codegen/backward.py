@@ -243,9 +243,6 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
         # and where every mask is separable, its full pairs run without masks
         "tile_index": ctx.tile_index(),
         "full_pairs": k.tile_index is not None and k.tile_index.full,
-        # the one-pass schedule (dQ added atomically by the dkdv kernel) where no side
-        # gradient needs the dq kernel (per-row and per-score ones are summed there)
-        "one_pass": all(g.carries == "keys" for g in sides),
         "host_key_size": f"sizes[{k.key_axis.dim!r}]",
         "fast_division": False,
         "spec_lines": ctx.spec_lines,

@@ -525,6 +525,9 @@ def test_full_document_pairs_run_without_masks_and_match_the_masked_path(
         ("document_mask", torch.float32),
         ("softcap", torch.float32),
         ("causal", torch.bfloat16),
+        ("alibi", torch.float32),  # learnable slopes: a side sum per row
+        ("bias", torch.float32),  # a side partial per score
+        ("relative_bias", torch.float32),
     ],
 )
 @pytest.mark.parametrize("keys_major", [True, False])
@@ -532,10 +535,10 @@ def test_one_pass_backward_adds_dq_atomically_within_the_rule(
     name: str, dtype: torch.dtype, keys_major: bool
 ) -> None:
     """``dq_atomic``: a delta kernel, then the dkdv kernel adding each tile's dS K to dq
-    with atomics; every gradient within the rule of the float64 reference, dK and dV as
-    the two-pass schedule gives them, bit for bit (the same kernel, the same order)."""
+    and each side gradient's row sums with atomics, and storing per-score side partials;
+    every gradient within the rule of the float64 reference, dK and dV as the two-pass
+    schedule gives them, bit for bit (the same kernel, the same order)."""
     kernel = compiled(name, "fused")
-    assert kernel._backward.module(DEVICE == "cpu")._ONE_PASS  # type: ignore[union-attr]
     given = inputs(name, dtype)
     gen = torch.Generator().manual_seed(11)
     grad_out = torch.randn(given["q"].shape, generator=gen).to(DEVICE, dtype)
@@ -548,17 +551,3 @@ def test_one_pass_backward_adds_dq_atomically_within_the_rule(
     eager = eager_grads(spec, given, grad_out, dtype=dtype)
     terms = gradient_terms(spec, given)
     _assert_within_rule(one_pass, exact, eager, terms, given, dtype, name)
-
-
-def test_side_gradients_the_dq_kernel_sums_keep_two_passes() -> None:
-    """ALiBi's slopes (a gradient per row, summed in the dq kernel): ``dq_atomic`` keeps
-    the two-pass schedule, so every gradient is the two-pass one exactly."""
-    kernel = compiled("alibi", "fused")
-    module = kernel._backward.module(DEVICE == "cpu")  # type: ignore[union-attr]
-    assert module._ONE_PASS is False
-    given = inputs("alibi", torch.float32)
-    grad_out = torch.randn(given["q"].shape, generator=torch.Generator().manual_seed(2))
-    grad_out = grad_out.to(DEVICE)
-    asked = run_configured(kernel, given, grad_out, {"dq_atomic": True}, {})
-    two_pass = run_configured(kernel, given, grad_out, {}, {})
-    assert all(torch.equal(asked[name], two_pass[name]) for name in two_pass)
