@@ -265,8 +265,9 @@ class Launch:
     ``bias + (pointer >> shift)`` of a value's data pointer, or a whole encoded map); the
     driver copies the parameters during the call, so the buffer is reused.
 
-    The work is done by attncc.runtime.native's C object where it builds (one call, the GIL
-    held throughout), else by ``PythonLaunch``, the same steps through ctypes.
+    The work is done by attncc.runtime.native's C object where it builds (one call, a lock
+    per launch held to the end of the driver call, the GIL released around that call), else
+    by ``PythonLaunch``, the same steps through ctypes.
 
     ``stream`` and ``slots`` (parameter positions) give the positional form: calling the
     launch issues it on ``stream`` with one value per slot, in order (pointers as ints,
@@ -322,14 +323,14 @@ class Launch:
             raise TypeError(f"a launch with {self._positional} slots, given {len(values)} values")
         code = self._issue.run(self._stream, None, values, 0)  # one Python frame less
         if code:
-            _check(code, "cuLaunchKernel")
+            check(code)
 
     def run(self, stream: int, inputs: Any, items: Sequence[Any], base: int) -> None:
         """Issue the launch on ``stream``, its slots filled from ``inputs`` (a dict by
         name), ``items`` (by position) and ``base``."""
         code = self._issue.run(stream, inputs, items, base)
         if code:
-            _check(code, "cuLaunchKernel")
+            check(code)
 
     @property
     def issue(self) -> Callable[[int, Any, Sequence[Any], int], int]:

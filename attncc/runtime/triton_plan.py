@@ -338,7 +338,6 @@ def _prepared(
     (attncc.runtime.triton_launch: None for an empty grid; a str says why not)."""
     launch, middle = _launcher(step.compiled)
     head = [*step.grid, None, *middle]
-    shift = len(head)
     values, slots = step.values, list(step.slots)
     patches: tuple[tuple[Callable[[int], None], Source], ...] = ()
     signature = getattr(getattr(step.compiled, "src", None), "signature", {})
@@ -353,17 +352,20 @@ def _prepared(
     direct: driver.Launch | str | None = None
     if 0 not in step.grid:  # Triton's launcher launches nothing on an empty grid
         direct = triton_launch.prepare(step.compiled, step.grid, values, types, slots, maps)
-    return _triton_launch(launch, head, shift, values, slots, patches), direct
+    return _triton_launch(launch, head, values, slots, patches), direct
 
 
 def _triton_launch(
     launch: Callable[..., Any],
     head: list[Any],
-    shift: int,
     values: list[Any],
     slots: list[tuple[int, Source]],
     patches: tuple[tuple[Callable[[int], None], Source], ...],
 ) -> _Launch:
+    """The step through Triton's launch function: its arguments are ``head`` (grid, stream,
+    launcher flags) then ``values``, the slots' positions shifted past the head."""
+    shift = len(head)
+
     def at_kind(kind: str) -> tuple[tuple[int, Any], ...]:
         return tuple((shift + at, s[1]) for at, s in slots if s[0] == kind)
 
