@@ -40,19 +40,23 @@ expression fully parenthesised.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from attncc.codegen import sequence_ids as sequence_ids_source
 from attncc.ir import lower
 from attncc.ir import nodes as ir
+from attncc.runtime.jit import interpreter, load_module, module_path
 from attncc.spec import CheckedSpec, ast, load
 from attncc.spec.check import walk
 
-__all__ = ["VarlenKernel", "varlen", "varlen_source"]
+__all__ = ["VarlenKernel", "sequence_ids", "varlen", "varlen_source"]
 
 # names the derived spec adds; a spec already using one of them is refused
 _TOTAL_Q, _TOTAL_K, _OFFSETS = "TOTAL_Q", "TOTAL_K", "SEQS_PLUS_1"
@@ -429,6 +433,11 @@ class VarlenKernel:
                 raise ValueError(
                     f"{name} must rise from 0 to the packed length {total}, got {cu.tolist()}"
                 )
+        if cu_seqlens_q.device != q.device or cu_seqlens_k.device != q.device:
+            raise ValueError(
+                f"cu_seqlens_q and cu_seqlens_k must be on the queries' device {q.device}, "
+                f"got {cu_seqlens_q.device} and {cu_seqlens_k.device}"
+            )
         if cu_seqlens_q.shape != cu_seqlens_k.shape:
             raise ValueError(
                 f"cu_seqlens_q and cu_seqlens_k must have one length (B + 1), got "
@@ -436,21 +445,17 @@ class VarlenKernel:
             )
         kernel = self.kernel_for(q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, seqused_k)
         one_packing = kernel is self._same_kernel
-        if cu_seqlens_q.device.type != "cpu":
-            # checked on the device, without a host synchronisation: a bad offset table
-            # would otherwise read past the packed tensors (one table, one check: each is
-            # two small kernels a call)
-            checks = [(cu_seqlens_q, q.shape[0])]
-            if not one_packing:
-                checks.append((cu_seqlens_k, k.shape[0]))
-            for cu, total in checks:
-                torch._assert_async(cu[-1] == total)
-        tables = {_SEQ_Q: _sequence_ids(cu_seqlens_q, q.shape[0]), _CU_Q: cu_seqlens_q}
         if seqused_k is not None:
             _check_seqused_k(seqused_k, cu_seqlens_k)
+        keys = None if one_packing else (cu_seqlens_k, k.shape[0])
+        seq_q, seq_k = sequence_ids(
+            cu_seqlens_q, q.shape[0], keys, seqused_k, on_device=cu_seqlens_q.is_cuda
+        )
+        tables = {_SEQ_Q: seq_q, _CU_Q: cu_seqlens_q}
+        if seqused_k is not None:
             tables[_USED_K] = seqused_k
-        if not one_packing:  # the two-table forms read the keys' own tables
-            tables[_SEQ_K] = _sequence_ids(cu_seqlens_k, k.shape[0])
+        if seq_k is not None:  # the two-table forms read the keys' own tables
+            tables[_SEQ_K] = seq_k
             tables[_CU_K] = cu_seqlens_k
         result = kernel(q, k, v, **tables, **kwargs)
         if not kwargs.get("return_lse"):
@@ -483,17 +488,13 @@ def _check_seqused_k(seqused_k: torch.Tensor, cu_seqlens_k: torch.Tensor) -> Non
         raise ValueError(
             f"seqused_k is on {seqused_k.device}, cu_seqlens_k on {cu_seqlens_k.device}"
         )
-    slots = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-    if seqused_k.device.type == "cpu":
+    if seqused_k.device.type == "cpu":  # on the GPU, sequence_ids checks them
+        slots = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
         if bool(((seqused_k < 0) | (seqused_k > slots)).any()):
             raise ValueError(
                 f"seqused_k must lie within each sequence's key slots {slots.tolist()}, "
                 f"got {seqused_k.tolist()}"
             )
-    else:
-        # on the device, without a host synchronisation: a length past its slots would read
-        # the next sequence's keys
-        torch._assert_async(((seqused_k >= 0) & (seqused_k <= slots)).all())
 
 
 def _one_table(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -506,12 +507,62 @@ def _one_table(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _sequence_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
-    """The sequence of each packed token (no host synchronisation)."""
-    # int32 from searchsorted itself, no conversion kernel: at mean length 128 a varlen call
-    # ran 18 us behind the document-mask kernel's 232 us (16k tokens, H200), with the same
-    # tiles and a few small kernels like these more. The positions are not cached: a tensor
-    # made while a CUDA graph captures would live in the graph's memory pool
+def sequence_ids(
+    cu_seqlens_q: torch.Tensor,
+    total_q: int,
+    keys: tuple[torch.Tensor, int] | None = None,
+    seqused_k: torch.Tensor | None = None,
+    on_device: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The sequence of each packed query token (int32 ``[total_q]``) and, with ``keys``
+    (``cu_seqlens_k``, ``total_k``), of each key token; no host synchronisation.
+
+    ``on_device``: one launch of ``sequence_ids_kernel`` (templates/triton/
+    sequence_ids.py.jinja; on CPU tensors, in Triton's interpreter), which also checks the
+    tables and ``seqused_k`` on the device, stopping with a device-side assertion where one
+    is broken. Otherwise ``torch.searchsorted`` (the caller has checked CPU tables)."""
+    if not on_device:
+        seq_k = None if keys is None else _searched_ids(*keys)
+        return _searched_ids(cu_seqlens_q, total_q), seq_k
+    device = cu_seqlens_q.device
+    batch = cu_seqlens_q.shape[0] - 1
+    seq_q = torch.empty(total_q, dtype=torch.int32, device=device)
+    cu_k, total_k = keys if keys is not None else (cu_seqlens_q, 0)
+    seq_k = torch.empty(total_k, dtype=torch.int32, device=device) if keys else None
+    used = seqused_k if seqused_k is not None else cu_seqlens_q
+    spread = max(total_q, total_k, batch, 1)
+    interpreted = device.type == "cpu"
+    module = load_module(_sequence_ids_path(), interpreted)
+    on_gpu = torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+    with interpreter(interpreted), on_gpu:
+        module.sequence_ids_kernel[(-(-spread // _IDS_BLOCK),)](
+            cu_seqlens_q.contiguous(),
+            seq_q,
+            total_q,
+            cu_k.contiguous(),
+            seq_k if seq_k is not None else seq_q,
+            total_k,
+            used.contiguous(),
+            batch,
+            BLOCK=_IDS_BLOCK,
+            CHUNK=_IDS_CHUNK,
+            TWO_TABLES=keys is not None,
+            USED=seqused_k is not None,
+        )
+    return seq_q, seq_k
+
+
+# tokens per program of sequence_ids_kernel, and sequence ends it compares them with at once
+_IDS_BLOCK, _IDS_CHUNK = 128, 128
+
+
+@functools.cache
+def _sequence_ids_path() -> Path:
+    return module_path("sequence_ids", sequence_ids_source.render())
+
+
+def _searched_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """The sequence of each packed token, by torch.searchsorted."""
     tokens = torch.arange(total, device=cu_seqlens.device, dtype=torch.int32)
     ends = cu_seqlens[1:].contiguous()
     return torch.searchsorted(ends, tokens, right=True, out_int32=True)

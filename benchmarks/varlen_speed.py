@@ -193,13 +193,13 @@ def tile_counts(
     every query tile, for sequences of ``lengths`` packed, built on the CPU."""
     import attncc
     from attncc.runtime.jit import interpreter
-    from attncc.varlen import _sequence_ids
+    from attncc.varlen import sequence_ids
 
     total, heads, dim = sum(lengths), 1, 16  # the index reads neither heads nor head dim
     q, k, v = (torch.zeros(total, heads, dim) for _ in range(3))
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
-    seq = _sequence_ids(cu, total)
+    seq, _ = sequence_ids(cu, total)
     spec = EXAMPLES / ("causal.attn" if causal else "fused.attn")
     packed = attncc.varlen(spec, target="triton")
     docmask = attncc.compile(

@@ -602,6 +602,9 @@ class _Context:
                 "v": [k.value.tensor, self.col_axis(k.value, k.value_axis.index)],
             },
             "tma_axes": self.tma_axes(),
+            "row_bounded_keys": bool(
+                k.mask_plan and any(b.slope for b in (*k.mask_plan.lower, *k.mask_plan.upper))
+            ),
             "split_programs_host": " * ".join(
                 f"sizes[{(group.kv_dim if group and a.index == group.head.index else a.dim)!r}]"
                 for a in k.batch_axes

@@ -516,23 +516,34 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An auto kernel runs a call on the sm_90a kernels only with a 128-row query tile for
-    every multiprocessor: 2 x 8 heads of 512 queries (32 tiles) go to Triton on 132 SMs,
-    of 2048 queries (256 tiles) stay; a call the kernels cannot take never stays."""
-    causal = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
-    monkeypatch.setattr(causal, "_has_wgmma", lambda device: True)
-    monkeypatch.setattr(causal, "_multiprocessors", lambda device: 132)
+    every multiprocessor, two for a spec whose key interval follows the row at head dim 64:
+    full attention on 2 x 8 heads of 512 queries (32 tiles) goes to Triton on 132 SMs, of
+    1057 (144 tiles) stays; causal at head dim 64 stays from 2 x 8 x 17 tiles, at head dim
+    128 from 2 x 8 x 9; a call the kernels cannot take never stays."""
+
+    def module(name: str) -> Any:
+        compiled = attncc.compile(EXAMPLES / f"{name}.attn", target="cuda").module(False)
+        monkeypatch.setattr(compiled, "_has_wgmma", lambda device: True)
+        monkeypatch.setattr(compiled, "_multiprocessors", lambda device: 132)
+        return compiled
+
+    full, causal = module("fused"), module("causal")
     cuda = torch.device("cuda", 0)
 
-    def stays(rows: int, dtype: torch.dtype = torch.bfloat16) -> bool:
-        q = torch.zeros(2, 8, rows, 64, dtype=dtype)
-        tensors, _ = causal._bind([q, q, q], {})
-        sizes = {"B": 2, "H": 8, "M": rows, "N": rows, "D": 64}
-        return bool(causal._auto_takes_cuda(tensors, sizes, dtype, cuda))
+    def stays(
+        spec: Any, rows: int, head_dim: int = 64, dtype: torch.dtype = torch.bfloat16
+    ) -> bool:
+        q = torch.zeros(2, 8, rows, head_dim, dtype=dtype)
+        tensors, _ = spec._bind([q, q, q], {})
+        sizes = {"B": 2, "H": 8, "M": rows, "N": rows, "D": head_dim}
+        return bool(spec._auto_takes_cuda(tensors, sizes, dtype, cuda))
 
-    assert not stays(512) and not stays(64)
-    assert stays(2048) and stays(1057)  # 2 x 8 x 9 tiles
-    assert not stays(1056 - 127)  # 2 x 8 x 8 = 128 tiles
-    assert not stays(4096, torch.float32)
+    assert not stays(full, 512) and not stays(full, 64)
+    assert stays(full, 2048) and stays(full, 1057)  # 2 x 8 x 9 tiles
+    assert not stays(full, 1056 - 127)  # 2 x 8 x 8 = 128 tiles
+    assert not stays(causal, 2048) and stays(causal, 2049)  # 256 and 2 x 8 x 17 = 272
+    assert stays(causal, 1057, head_dim=128) and not stays(causal, 1024, head_dim=128)
+    assert not stays(full, 4096, dtype=torch.float32)
 
 
 def few_query_call(module: Any) -> tuple[dict[str, Any], dict[str, int]]:

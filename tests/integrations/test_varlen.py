@@ -3,6 +3,7 @@ each sequence alone and against the float64 reference of the batched spec."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 from typing import Any
 
@@ -16,7 +17,7 @@ import attncc
 from attncc.ir import expr_str
 from attncc.ir import nodes as ir
 from attncc.reference import reference
-from attncc.varlen import VarlenKernel, varlen, varlen_source
+from attncc.varlen import VarlenKernel, sequence_ids, varlen, varlen_source
 from tests.kernels._support import example_path
 
 # unequal lengths, a length-1 sequence, lengths that are no multiple of a tile
@@ -122,6 +123,61 @@ def test_bad_offsets_are_one_clear_error() -> None:
         kernel(case["q"], case["k"], case["v"], _cu((4, 3)), _cu((4, 4)), 4, 4)
     with pytest.raises(TypeError, match="1-D int32"):
         kernel(case["q"], case["k"], case["v"], _cu((4, 4)).long(), _cu((4, 4)), 4, 4)
+
+
+# ------------------------------------------------- the sequence-id kernel (GPU tables)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    st.booleans(),
+)
+def test_sequence_id_kernel_matches_searchsorted(
+    q_lens: list[int], k_lens: list[int], with_used: bool
+) -> None:
+    # the kernel a GPU call runs, here in the interpreter: empty sequences included
+    k_lens = (k_lens * len(q_lens))[: len(q_lens)]
+    cu_q, cu_k = _cu(tuple(q_lens)), _cu(tuple(k_lens))
+    used = torch.tensor([n // 2 for n in k_lens], dtype=torch.int32) if with_used else None
+    keys = (cu_k, sum(k_lens))
+    seq_q, seq_k = sequence_ids(cu_q, sum(q_lens), keys, used, on_device=True)
+    want_q, want_k = sequence_ids(cu_q, sum(q_lens), keys)
+    assert seq_q.dtype == seq_k.dtype == torch.int32  # type: ignore[union-attr]
+    assert torch.equal(seq_q, want_q) and torch.equal(seq_k, want_k)  # type: ignore[arg-type]
+    assert seq_q.tolist() == [b for b, n in enumerate(q_lens) for _ in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("q_lens", "total", "used", "message"),
+    [
+        ((4, 4), 9, None, "cu_seqlens must end at the packed length"),
+        ((4, 4), 7, None, "cu_seqlens must end at the packed length"),
+        ((5, -1), 4, None, "cu_seqlens must not fall"),
+        ((4, 4), 8, (3, 9), "seqused_k must lie within each sequence's key slots"),
+        ((4, 4), 8, (-1, 2), "seqused_k must lie within each sequence's key slots"),
+    ],
+)
+def test_sequence_id_kernel_stops_on_a_broken_table(
+    q_lens: tuple[int, ...],
+    total: int,
+    used: tuple[int, ...] | None,
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # on the GPU these stop the launch with a device-side assertion (the kernel is compiled
+    # in debug mode; tests/gpu runs one); the interpreter checks device_assert only when its
+    # builder's options ask for debug, whatever the kernel's flag
+    from triton.runtime.errors import InterpreterError
+    from triton.runtime.interpreter import interpreter_builder
+
+    debug = dataclasses.replace(interpreter_builder.options, debug=True)
+    monkeypatch.setattr(interpreter_builder, "options", debug)
+    cu = _cu(q_lens)
+    seqused = torch.tensor(used, dtype=torch.int32) if used is not None else None
+    with pytest.raises(InterpreterError, match=message):
+        sequence_ids(cu, total, (cu, total), seqused, on_device=True)
 
 
 @pytest.mark.parametrize(
