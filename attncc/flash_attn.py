@@ -115,7 +115,8 @@ def flash_attn_func(
     """flash-attn's ``flash_attn_func`` (``[B, S, H, D]``), with flash-attn's semantics (the
     module docstring). ``return_attn_probs=True`` returns ``(out, lse)`` with the lse
     ``[B, H, S_q]``, not the probabilities. Dropout is not supported (``dropout_p`` must be
-    0); ``deterministic`` is accepted and has no effect (the forward is deterministic)."""
+    0); ``deterministic`` is accepted and has no effect (the forward, and the backward of
+    the specs this wrapper builds, use no atomics)."""
     if dropout_p != 0.0:
         raise ValueError(f"flash_attn_func: dropout is not supported, got dropout_p={dropout_p}")
     if len(window_size) != 2:

@@ -52,6 +52,17 @@ class Backward:
     def module(self, interpreted: bool) -> ModuleType:
         return load_module(self.path, interpreted)
 
+    def one_pass(self) -> bool:
+        """Whether the backward runs one pass over the scores (dQ added with float atomics)
+        rather than two: for specs whose tile index reads tables (document masks), unless
+        ``torch.use_deterministic_algorithms`` asks for bit-identical gradients. Their query
+        tiles see few live key tiles, and the dq pass reloaded Q, dO and the tile list for
+        each: one pass took 1336 us against 1465 (4,16,4096,128 bf16, H200, benchmarks/
+        backward_sweep.py --one-pass); causal took 3928 against 2123, so others keep two."""
+        index = self.ir.tile_index
+        tables = index is not None and bool(index.masks)
+        return tables and not torch.are_deterministic_algorithms_enabled()
+
     def run(
         self,
         host: ModuleType,
@@ -66,8 +77,10 @@ class Backward:
         """The gradient of every float input (``self.floats`` order), in its dtype; ``dlse``
         is the gradient of the log-sum-exp the forward wrote (batch axes, then rows);
         ``config`` overrides the kernels' tiles (``dq_config``, ``dkdv_config``: (block_m,
-        block_n, num_warps, num_stages)) and picks the dkdv kernel (``dkdv_keys_major``)."""
+        block_n, num_warps, num_stages)), picks the dkdv kernel (``dkdv_keys_major``) and the
+        schedule (``dq_atomic``; default: ``one_pass``)."""
         sizes, dtype, device = host._check(tensors, params)
+        config = {"dq_atomic": self.one_pass(), **(config or {})}
         params = host._param_defaults(sizes, dict(params))
         on_cpu = device.type == "cpu"
         module = self.module(on_cpu)
@@ -98,7 +111,7 @@ class Backward:
                 sizes,
                 dtype,
                 device,
-                **(config or {}),
+                **config,
                 grad_dtypes=grad_dtypes,
             )
         grads: dict[str, torch.Tensor] = {}

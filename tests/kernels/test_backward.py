@@ -498,6 +498,7 @@ def test_full_document_pairs_run_without_masks_and_match_the_masked_path(
     grad_out = grad_out.to(DEVICE)
     tiles = (16, 16, 4, 1)
     config = {"dq_config": tiles, "dkdv_config": tiles, "dkdv_keys_major": keys_major}
+    config["dq_atomic"] = False  # both kernels' full pairs (one pass: the dkdv kernel's)
     module = kernel._backward.module(DEVICE == "cpu")  # type: ignore[union-attr]
     live_tiles = module._live_tiles
     seen: list[torch.Tensor] = []
@@ -551,3 +552,32 @@ def test_one_pass_backward_adds_dq_atomically_within_the_rule(
     eager = eager_grads(spec, given, grad_out, dtype=dtype)
     terms = gradient_terms(spec, given)
     _assert_within_rule(one_pass, exact, eager, terms, given, dtype, name)
+
+
+def test_document_masks_take_one_pass_unless_determinism_is_asked_for() -> None:
+    """The default schedule: one pass (dQ by atomics) for a spec whose tile index reads
+    tables, two for the others; ``torch.use_deterministic_algorithms(True)`` gives two passes
+    everywhere, whose gradients are bit-identical across runs."""
+    one_pass = {
+        name: compiled(name, "fused")._backward.one_pass()
+        for name in ("document_mask", "causal", "sliding_window")
+    }  # type: ignore[union-attr]
+    assert one_pass == {"document_mask": True, "causal": False, "sliding_window": False}
+    kernel = compiled("document_mask", "fused")
+    given = inputs("document_mask", torch.float32, m=150, n=150)
+    grad_out = torch.randn(given["q"].shape, generator=torch.Generator().manual_seed(5))
+    grad_out = grad_out.to(DEVICE)
+    default = run_configured(kernel, given, grad_out, {}, {})
+    atomic = run_configured(kernel, given, grad_out, {"dq_atomic": True}, {})
+    assert all(torch.equal(default[name], atomic[name]) for name in ("k", "v"))
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not kernel._backward.one_pass()  # type: ignore[union-attr]
+        first = run_configured(kernel, given, grad_out, {}, {})
+        second = run_configured(kernel, given, grad_out, {}, {})
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    two_pass = run_configured(kernel, given, grad_out, {"dq_atomic": False}, {})
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    assert all(torch.equal(first[name], two_pass[name]) for name in first)
