@@ -2,11 +2,16 @@
 backward of the same spec, under torch.profiler, one table of CUDA kernels each (time per
 call, calls, share), so a kernel or a copy that should not be there shows at once.
 
-    python3 benchmarks/backward_profile.py SPEC "B,H:KVH,S,D" [bf16|fp16]
+    python3 benchmarks/backward_profile.py SPEC "B,H:KVH,S,D" [bf16|fp16] [--documents N]
+                                           [--deterministic]
+
+``--documents``: equal documents a sequence (4); ``--deterministic``: attncc's backward under
+``torch.use_deterministic_algorithms(True)`` (two passes, no atomics, for every spec).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
@@ -37,21 +42,28 @@ def kernel_table(label: str, step: Callable[[], None]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    spec, shape_text = argv[0], argv[1]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[argv[2] if len(argv) > 2 else "bf16"]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec")
+    parser.add_argument("shape")
+    parser.add_argument("dtype", nargs="?", choices=["bf16", "fp16"], default="bf16")
+    parser.add_argument("--documents", type=int, default=4)
+    parser.add_argument("--deterministic", action="store_true")
+    args = parser.parse_args(argv)
+    spec, dtype = args.spec, {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     kernel = attncc.compile(spec)
-    sizes = sizes_for(kernel.ir, Shape.parse(shape_text))
-    inputs = bench_inputs(kernel.ir, sizes, dtype, documents=4)
+    sizes = sizes_for(kernel.ir, Shape.parse(args.shape))
+    inputs = bench_inputs(kernel.ir, sizes, dtype, documents=args.documents)
     floats = [n for n in kernel.input_names if inputs[n].is_floating_point()]
     for name in floats:
         inputs[name].requires_grad_(True)
-    args = [inputs[name] for name in kernel.input_names]
-    out = kernel(*args)
+    out = kernel(*[inputs[name] for name in kernel.input_names])
     grad = torch.randn_like(out)
     leaves = [inputs[n] for n in floats]
+    torch.use_deterministic_algorithms(args.deterministic)
     kernel_table(
         f"attncc {spec}", lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True)
     )
+    torch.use_deterministic_algorithms(False)
     from attncc.bench import anchor_runners
 
     params = kernel.param_defaults(sizes)

@@ -57,8 +57,9 @@ class Backward:
         rather than two: for specs whose tile index reads tables (document masks), unless
         ``torch.use_deterministic_algorithms`` asks for bit-identical gradients. Their query
         tiles see few live key tiles, and the dq pass reloaded Q, dO and the tile list for
-        each: one pass took 1336 us against 1465 (4,16,4096,128 bf16, H200, benchmarks/
-        backward_sweep.py --one-pass); causal took 3928 against 2123, so others keep two."""
+        each: a backward took 1443 / 1326 / 1279 us in one pass against 1645 / 1683 / 1261 in
+        two with 4 / 8 / 32 documents (4,16,4096,128 bf16, H200, alternating rounds); causal
+        took 3928 against 2123 (benchmarks/backward_sweep.py --one-pass), so others keep two."""
         index = self.ir.tile_index
         tables = index is not None and bool(index.masks)
         return tables and not torch.are_deterministic_algorithms_enabled()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from grad_cases import NAMES, draw, gradient_verdicts
+from grad_cases import EXAMPLES, NAMES, draw, gradient_verdicts
+
+import attncc
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
@@ -25,3 +27,25 @@ def test_gradients_at_training_sizes_on_gpu(name: str, seq: int, head_dim: int) 
     failing = {n: v for n, v in verdicts.items() if not v.ok}
     assert not failing, failing
     torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["document_mask", "causal", "gqa_causal", "alibi", "bias"])
+def test_a_backward_never_waits_for_the_gpu(name: str) -> None:
+    """No step of a backward synchronises the host with the device (a copy from a host
+    list, a value read back): each would hold the CPU until the GPU's queue drains, so
+    kernels and host work no longer overlap. CUDA's sync debug mode raises on any."""
+    given, params = draw(name, 2, 4, 256, 64, torch.bfloat16, "cuda")
+    kernel = attncc.compile(EXAMPLES / f"{name}.attn")
+    floats = [n for n in kernel.input_names if given[n].is_floating_point()]
+    for n in floats:
+        given[n].requires_grad_(True)
+    out = kernel(**given, **params)
+    grad = torch.randn_like(out)
+    torch.autograd.grad(out, [given[n] for n in floats], grad, retain_graph=True)  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        torch.autograd.grad(out, [given[n] for n in floats], grad, retain_graph=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
