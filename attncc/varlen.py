@@ -448,9 +448,10 @@ class VarlenKernel:
         if seqused_k is not None:
             _check_seqused_k(seqused_k, cu_seqlens_k)
         keys = None if one_packing else (cu_seqlens_k, k.shape[0])
-        seq_q, seq_k = sequence_ids(
-            cu_seqlens_q, q.shape[0], keys, seqused_k, on_device=cu_seqlens_q.is_cuda
-        )
+        # traced by torch.compile, PyTorch's own operations: a graph of them, no Triton
+        # kernel of attncc's own to wrap
+        on_device = cu_seqlens_q.is_cuda and not torch.compiler.is_compiling()
+        seq_q, seq_k = sequence_ids(cu_seqlens_q, q.shape[0], keys, seqused_k, on_device)
         tables = {_SEQ_Q: seq_q, _CU_Q: cu_seqlens_q}
         if seqused_k is not None:
             tables[_USED_K] = seqused_k
@@ -522,6 +523,8 @@ def sequence_ids(
     tables and ``seqused_k`` on the device, stopping with a device-side assertion where one
     is broken. Otherwise ``torch.searchsorted`` (the caller has checked CPU tables)."""
     if not on_device:
+        if cu_seqlens_q.is_cuda:  # the kernel's checks, as PyTorch's device-side assertions
+            _assert_tables(cu_seqlens_q, total_q, keys, seqused_k)
         seq_k = None if keys is None else _searched_ids(*keys)
         return _searched_ids(cu_seqlens_q, total_q), seq_k
     device = cu_seqlens_q.device
@@ -559,6 +562,21 @@ _IDS_BLOCK, _IDS_CHUNK = 128, 128
 @functools.cache
 def _sequence_ids_path() -> Path:
     return module_path("sequence_ids", sequence_ids_source.render())
+
+
+def _assert_tables(
+    cu_seqlens_q: torch.Tensor,
+    total_q: int,
+    keys: tuple[torch.Tensor, int] | None,
+    seqused_k: torch.Tensor | None,
+) -> None:
+    """sequence_ids_kernel's checks in PyTorch operations, asserted on the device."""
+    for cu, total in (cu_seqlens_q, total_q), *((keys,) if keys is not None else ()):
+        rising = (cu[1:] >= cu[:-1]).all()
+        torch._assert_async(rising & (cu[0] == 0) & (cu[-1] == total))
+    if seqused_k is not None and keys is not None:
+        slots = keys[0][1:] - keys[0][:-1]
+        torch._assert_async(((seqused_k >= 0) & (seqused_k <= slots)).all())
 
 
 def _searched_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:

@@ -57,6 +57,18 @@ def test_varlen_on_the_gpu_matches_each_sequence_alone(one_table: bool) -> None:
         torch.testing.assert_close(out[rows], alone[0].transpose(0, 1), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.gpu
+def test_varlen_under_torch_compile_matches_eager() -> None:
+    # traced, the sequence ids are PyTorch operations (no Triton kernel of attncc's to wrap)
+    kernel = varlen(EXAMPLES / "causal.attn")
+    lens = [5, 200, 64]
+    cu = _cu(lens).cuda()
+    q, k, v = (torch.randn(sum(lens), 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    eager = kernel(q, k, v, cu, cu, max(lens), max(lens))
+    compiled = torch.compile(lambda *args: kernel(*args))(q, k, v, cu, cu, max(lens), max(lens))
+    torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
+
+
 BROKEN = """
 import torch
 from attncc.varlen import sequence_ids

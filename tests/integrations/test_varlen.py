@@ -181,6 +181,23 @@ def test_sequence_id_kernel_stops_on_a_broken_table(
 
 
 @pytest.mark.parametrize(
+    ("q_lens", "total", "used"),
+    [((4, 4), 9, None), ((5, -1), 4, None), ((4, 4), 8, (3, 9)), ((4, 4), 8, (-1, 2))],
+)
+def test_traced_calls_check_the_tables_with_pytorchs_assertions(
+    q_lens: tuple[int, ...], total: int, used: tuple[int, ...] | None
+) -> None:
+    # what a GPU call under torch.compile runs in place of the sequence-id kernel's checks
+    from attncc.varlen import _assert_tables
+
+    cu = _cu(q_lens)
+    seqused = torch.tensor(used, dtype=torch.int32) if used is not None else None
+    with pytest.raises(RuntimeError):
+        _assert_tables(cu, total, (cu, total), seqused)
+    _assert_tables(_cu((4, 4)), 8, (_cu((4, 4)), 8), torch.tensor([4, 0], dtype=torch.int32))
+
+
+@pytest.mark.parametrize(
     ("name", "why"),
     [
         ("decode", "no query axis"),
