@@ -211,7 +211,7 @@ class Kernel:
             else:
                 replayed = geometry.plan(tensors)
             if replayed is not None:
-                return replayed
+                return replayed  # type: ignore[return-value]  # (out, lse): two outputs
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
         module = self.module(interpreted=on_cpu)
         if geometry is None:
@@ -232,7 +232,7 @@ class Kernel:
                         compiled=not on_cpu,
                     )
                 self._geometries.remember(key, geometry)
-                return result
+                return result  # type: ignore[return-value]  # (out, lse)
         with interpreter(on_cpu):
             return geometry.launch(module, tensors, return_lse)
 

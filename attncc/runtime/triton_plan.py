@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 from attncc.runtime import driver, tensor_descriptors, triton_launch
 
-Result = tuple[torch.Tensor, torch.Tensor]
+Result = tuple[torch.Tensor, ...]  # the module's outputs: (out, lse); a backward's gradients
 
 # torch functions that create a tensor from sizes alone (no tensor argument)
 _FACTORIES = frozenset({"empty", "zeros", "ones", "full"})
@@ -201,11 +201,13 @@ class TritonPlan:
     read, such as split-KV's partial results) comes from one allocation at offsets: an
     allocation costs 2-4 us of host time, more than a split-KV launch's share."""
 
-    def __init__(self, recorder: _Recorder, outputs: tuple[int, int], device: int | None) -> None:
-        # the log-sum-exp a call does not ask for has no elements, so no data: the recorded
-        # one serves every replay, one allocation less a call (1.5-3.5 us of CPU each, H200:
-        # benchmarks/call_parts.py); Kernel.__call__ drops it
-        unasked = {outputs[1]} if recorder.tensors[outputs[1]].numel() == 0 else set()
+    def __init__(
+        self, recorder: _Recorder, outputs: tuple[int, ...], device: int | None
+    ) -> None:
+        # an output without elements (the log-sum-exp a call does not ask for) has no data:
+        # the recorded one serves every replay, one allocation less a call (1.5-3.5 us of
+        # CPU each, H200: benchmarks/call_parts.py); Kernel.__call__ drops it
+        unasked = {o for o in outputs if recorder.tensors[o].numel() == 0}
         kept = _kept(recorder, outputs) | unasked
         for index in kept:
             recorder.allocations[index].kept = recorder.tensors[index]
@@ -253,7 +255,7 @@ class TritonPlan:
         self._lock = threading.Lock()
 
     def __call__(self, tensors: dict[str, Any]) -> Result | None:
-        """The call's (out, lse), or None where it cannot replay here (another current
+        """The call's outputs, or None where it cannot replay here (another current
         device, a launch hook installed): the caller then takes the full path."""
         compiled = self.device is not None
         if compiled:
@@ -288,7 +290,7 @@ class TritonPlan:
                     self._launch(stream, tensors, allocs, base)
             else:
                 self._launch(stream, tensors, allocs, base)
-            return allocs[self.outputs[0]], allocs[self.outputs[1]]
+            return tuple(allocs[i] for i in self.outputs)
         for step in self.steps:
             values = list(step.values)
             for at, source in step.slots:
@@ -296,7 +298,7 @@ class TritonPlan:
             positional = len(values) - len(step.names)
             keywords = dict(zip(step.names, values[positional:], strict=True))
             step.kernel.run(*values[:positional], grid=step.grid, warmup=False, **keywords)
-        return allocs[self.outputs[0]], allocs[self.outputs[1]]
+        return tuple(allocs[i] for i in self.outputs)
 
     def _launch(self, stream: int, tensors: dict[str, Any], allocs: list[Any], base: int) -> None:
         for launch, template, inputs, allocated, offsets, descriptors, patches in self.launches:
@@ -421,7 +423,7 @@ def _scratch(recorder: _Recorder, excluded: set[int]) -> tuple[dict[int, int], i
     return offsets, at
 
 
-def _kept(recorder: _Recorder, outputs: tuple[int, int]) -> set[int]:
+def _kept(recorder: _Recorder, outputs: tuple[int, ...]) -> set[int]:
     """The allocations the module still holds after the recorded call (besides its outputs):
     a reference beyond the recorder's list and ``getrefcount``'s own argument."""
     return {
@@ -500,8 +502,9 @@ def _watching(kernels: list[Any], recorder: _Recorder) -> Iterator[None]:
 def record(
     module: Any, launch: Callable[[], Result], tensors: dict[str, Any], compiled: bool
 ) -> tuple[Result, TritonPlan | None, str | None]:
-    """Run ``launch`` (the module's ``_launch`` for this call) once, watching it: its
-    result, the plan that replays it (None where it cannot), and why not."""
+    """Run ``launch`` (the module's ``_launch`` for this call, or a backward's launches)
+    once, watching it: its result (a tuple of tensors), the plan that replays it (None
+    where it cannot), and why not."""
     from triton.runtime.jit import KernelInterface
 
     found = [v for v in vars(module).values() if isinstance(v, KernelInterface)]
@@ -509,8 +512,7 @@ def record(
     recorder = _Recorder(tensors)
     with _watching(kernels, recorder), recorder:
         result = launch()
-    out, lse = result
-    outputs = recorder.source(out), recorder.source(lse)
+    outputs = tuple(recorder.source(t) for t in result)
     refusal = recorder.refusal
     if refusal is None and not recorder.steps:
         refusal = "no kernel launched"
@@ -521,5 +523,5 @@ def record(
     if refusal is not None:
         return result, None, refusal
     device = torch.cuda.current_device() if compiled else None
-    indexes = (outputs[0][1], outputs[1][1])  # type: ignore[index]
+    indexes = tuple(source[1] for source in outputs)  # type: ignore[index]
     return result, TritonPlan(recorder, indexes, device), None
