@@ -162,9 +162,9 @@ class Backward:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """The backward kernels' buffers (dq, dk, dv, side buffers). The launches of the
         first backward of a call geometry are recorded (attncc.runtime.triton_plan), later
-        ones replayed through attncc's launcher: Triton's launch path took about 0.1 ms of
-        CPU for each of a backward's kernels (cProfile, document mask 4,16,4096,128 bf16,
-        H200), when a backward of 0.58 ms of GPU work issued in 1.0 ms."""
+        ones replayed through attncc's launcher: Backward.run took 325 against 438 us of
+        CPU a call (document mask) and 105 against 197 (causal), 4,16,1024,128 bf16, H200,
+        alternating rounds."""
         args = (tensors, params, out, lse, dout, dlse, sizes, dtype, device, *schedule)
         operands = module._backward_operands(*args)
         if operands is None:

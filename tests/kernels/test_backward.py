@@ -590,23 +590,24 @@ def test_a_repeated_backward_replays_its_recorded_launches(
     """The first backward of a call geometry records its launches (the module's
     _backward_launch); the next replays them, with the gradients of the first bit for bit:
     one pass with live-tile maps (document mask), a side sum per row (ALiBi's slopes), a
-    side partial per score (bias), kv heads summing their groups (GQA)."""
+    side partial per score (bias), kv heads summing their groups (GQA). Backward.run
+    directly: kernels of one spec share its torch op, and so the first one's backward."""
     kernel = attncc.compile(example_path(name), schedule="fused")
     backward = kernel._backward
     assert not isinstance(backward, str)
     given = inputs(name, torch.float32)
     grad_out = torch.randn(given["q"].shape, generator=torch.Generator().manual_seed(2))
     grad_out = grad_out.to(DEVICE)
-    _, first = run(kernel, given, grad_out)
-    assert len(backward._plans) == 1 and not backward.refusals
+    first = run_configured(kernel, given, grad_out, {}, {})
+    assert not backward.refusals and len(backward._plans) == 1, backward.refusals
     module = backward.module(DEVICE == "cpu")
 
     def refuse(*args: Any) -> None:
         raise AssertionError("a repeated geometry ran the launches again")
 
     monkeypatch.setattr(module, "_backward_launch", refuse)
-    _, second = run(kernel, given, grad_out)
-    assert all(torch.equal(first[n], second[n]) for n in first)  # type: ignore[arg-type]
+    second = run_configured(kernel, given, grad_out, {}, {})
+    assert all(torch.equal(first[n], second[n]) for n in first)
 
 
 def test_another_geometry_records_a_plan_of_its_own() -> None:
@@ -616,8 +617,8 @@ def test_another_geometry_records_a_plan_of_its_own() -> None:
     for m in (37, 37, 20):
         given = inputs("causal", torch.float32, m=m, n=m)
         grad_out = torch.randn(given["q"].shape, generator=torch.Generator().manual_seed(m))
-        _, grads = run(kernel, given, grad_out.to(DEVICE))
-        fresh = attncc.compile(example_path("causal"), schedule="fused")
-        _, alone = run(fresh, given, grad_out.to(DEVICE))
-        assert all(torch.equal(grads[n], alone[n]) for n in grads)  # type: ignore[arg-type]
+        grads = run_configured(kernel, given, grad_out.to(DEVICE), {}, {})
+        fresh = attncc.compile(example_path("causal"), schedule="fused")  # records: full path
+        alone = run_configured(fresh, given, grad_out.to(DEVICE), {}, {})
+        assert all(torch.equal(grads[n], alone[n]) for n in grads)
     assert len(backward._plans) == 2
