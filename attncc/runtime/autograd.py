@@ -87,6 +87,9 @@ class Backward:
         schedule (``dq_atomic``; default: ``one_pass``)."""
         sizes, dtype, device = host._check(tensors, params)
         config = {"dq_atomic": self.one_pass(), **(config or {})}
+        unknown = set(config) - {"dq_config", "dkdv_config", "dkdv_keys_major", "dq_atomic"}
+        if unknown:
+            raise TypeError(f"unknown backward config keys: {', '.join(sorted(unknown))}")
         params = host._param_defaults(sizes, dict(params))
         on_cpu = device.type == "cpu"
         module = self.module(on_cpu)
@@ -114,9 +117,6 @@ class Backward:
                 grad_dtypes,
                 config["dq_atomic"],
             )
-            unknown = set(config) - {"dq_config", "dkdv_config", "dkdv_keys_major", "dq_atomic"}
-            if unknown:
-                raise TypeError(f"unknown backward config keys: {', '.join(sorted(unknown))}")
             dq, dk, dv, sides = self._buffers(
                 module, tensors, params, out, lse, dout, flat_dlse, sizes, dtype, device, schedule
             )

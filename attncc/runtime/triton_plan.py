@@ -201,9 +201,7 @@ class TritonPlan:
     read, such as split-KV's partial results) comes from one allocation at offsets: an
     allocation costs 2-4 us of host time, more than a split-KV launch's share."""
 
-    def __init__(
-        self, recorder: _Recorder, outputs: tuple[int, ...], device: int | None
-    ) -> None:
+    def __init__(self, recorder: _Recorder, outputs: tuple[int, ...], device: int | None) -> None:
         # an output without elements (the log-sum-exp a call does not ask for) has no data:
         # the recorded one serves every replay, one allocation less a call (1.5-3.5 us of
         # CPU each, H200: benchmarks/call_parts.py); Kernel.__call__ drops it
