@@ -531,7 +531,7 @@ def sequence_ids(
     batch = cu_seqlens_q.shape[0] - 1
     seq_q = torch.empty(total_q, dtype=torch.int32, device=device)
     cu_k, total_k = keys if keys is not None else (cu_seqlens_q, 0)
-    seq_k = torch.empty(total_k, dtype=torch.int32, device=device) if keys else None
+    seq_k = torch.empty(total_k, dtype=torch.int32, device=device) if keys is not None else None
     used = seqused_k if seqused_k is not None else cu_seqlens_q
     spread = max(total_q, total_k, batch, 1)
     interpreted = device.type == "cpu"
