@@ -4,34 +4,36 @@ flash-attn's varlen calls pack a batch of sequences of different lengths into
 ``q[total_q, H, D]``, ``k``/``v[total_k, KVH, D]`` with ``cu_seqlens_q``/``cu_seqlens_k``
 (``[B + 1]`` int32 offsets). ``varlen(spec)`` derives a second spec from a batched prefill
 spec and compiles it: the sequence-batch axis ``b`` goes, the query and key axes run over
-the packed tokens, and a per-token sequence id makes a document mask
-(``seq_q[m] == seq_k[n]``), which the tile index turns into skipped cross-sequence tiles. Every
-expression of the user's spec (masks, score modifications, the softmax's sink) sees
-*local* values: ``m`` is the query's position within its sequence, ``n`` the key's, ``b`` the
-sequence, ``M`` and ``N`` the query's sequence lengths. So ``mask m >= n`` is causal within
-each sequence and ``mask m + N - M >= n`` bottom-right causal within each.
+the packed tokens, and each query's sequence (an id per query token, ``seq_q``) bounds its
+keys to that sequence's slots, ``cu_seqlens_k[seq_q[m]] <= n < cu_seqlens_k[seq_q[m] + 1]``:
+masks of the key index against a row value, so the tile index scans and lists only the key
+tiles of a query tile's own sequences, reading no key's id. Every expression of the user's
+spec (masks, score modifications, the softmax's sink) sees *local* values: ``m`` is the
+query's position within its sequence, ``n`` the key's, ``b`` the sequence, ``M`` and ``N``
+the query's sequence lengths. So ``mask m >= n`` is causal within each sequence and
+``mask m + N - M >= n`` bottom-right causal within each.
 
 Decode against a cache (flash-attn's ``seqused_k``): ``k``/``v`` hold each sequence's cache
 slots (``cu_seqlens_k`` their offsets), of which only the first ``seqused_k[b]`` are written.
 A call passing ``seqused_k`` runs a third spec, derived with ``seqused_k=True``: ``N`` is then
-``seqused_k[b]`` and the slots past it are masked (a row-against-key comparison, so the tile
+``seqused_k[b]`` and a query's keys end at ``cu_seqlens_k[b] + seqused_k[b]`` (so the tile
 index skips the key tiles of unused slots as it skips other sequences' tiles), and
 ``mask m + N - M >= n`` puts the last query of a sequence on its last used key.
 
-One packing (a call passing the same ``cu_seqlens`` tensor for queries and keys, as
-prefill does): a fourth spec, derived with ``same_packing=True``, reads one sequence id and
-one offset table for both (``seq_q``, ``cu_seqlens_q``), so the query and the key of a pair
-in one sequence have the same start, ``cu_seqlens_q[seq_q[m]] == cu_seqlens_q[seq_q[n]]``.
-Mask analysis cancels the two under the sequence mask: ``mask m >= n`` in local positions is
-the key interval ``n <= m`` in packed ones, and the kernel skips the tiles above each
-sequence's diagonal and runs those below it without a mask, as the document-mask kernel
-does. With two tables a key's local position reads its start through the query's sequence
-(``n - cu_seqlens_k[seq_q[m]]``, the key's own wherever the sequence mask holds), so
-``mask m >= n`` becomes ``m - cu_seqlens_q[seq_q[m]] + cu_seqlens_k[seq_q[m]] >= n``: the
-row's diagonal in packed keys against the key index, which the tile index bounds per tile
-as tightly as one table's interval (the same tiles listed, the same ones full; through
-each key's own sequence, a query tile holding a sequence boundary listed every tile of the
-next sequence, and none ran mask-free).
+A key's local position reads its sequence's start through the query's sequence
+(``n - cu_seqlens_k[seq_q[m]]``: the key's own, as the key lies in the query's sequence's
+slots). With one packing (a call passing the same ``cu_seqlens`` tensor for queries and
+keys, as prefill does) a fourth spec, derived with ``same_packing=True``, reads one offset
+table for both, so ``mask m >= n`` in local positions is ``m - cu_seqlens_q[seq_q[m]] >=
+n - cu_seqlens_q[seq_q[m]]``, whose table terms cancel: the key interval ``n <= m``, and
+the kernel skips the tiles above each sequence's diagonal and runs those below it without a
+mask, as the document-mask kernel does. With two tables it becomes ``m -
+cu_seqlens_q[seq_q[m]] + cu_seqlens_k[seq_q[m]] >= n``: the row's diagonal in packed keys
+against the key index, which the tile index bounds per tile as tightly.
+
+The document-mask kernel on the same data compares a document id per key too
+(``doc[m] == doc[n]``): its index builder reads the ids of every key tile up to each query
+tile's diagonal, and its partial tiles load a tile of them. varlen reads no key's sequence.
 
 The derived spec is spec text, checked and compiled like any other
 (``VarlenKernel.source`` shows it); the rewrite works on the AST and prints every
@@ -60,8 +62,8 @@ __all__ = ["VarlenKernel", "sequence_ids", "varlen", "varlen_source"]
 
 # names the derived spec adds; a spec already using one of them is refused
 _TOTAL_Q, _TOTAL_K, _OFFSETS = "TOTAL_Q", "TOTAL_K", "SEQS_PLUS_1"
-_SEQ_Q, _SEQ_K, _CU_Q, _CU_K = "seq_q", "seq_k", "cu_seqlens_q", "cu_seqlens_k"
-_ADDED = (_TOTAL_Q, _TOTAL_K, _OFFSETS, _SEQ_Q, _SEQ_K, _CU_Q, _CU_K)
+_SEQ_Q, _CU_Q, _CU_K = "seq_q", "cu_seqlens_q", "cu_seqlens_k"
+_ADDED = (_TOTAL_Q, _TOTAL_K, _OFFSETS, _SEQ_Q, _CU_Q, _CU_K)
 # and, with seqused_k, the number of sequences and the used cache length of each
 _SEQS, _USED_K = "SEQS", "seqused_k"
 
@@ -100,24 +102,26 @@ class _Rewrite:
     # input name -> (position of the dropped batch axis, position of the token axis)
     operands: dict[str, tuple[int, int]]
     seqused_k: bool = False  # the key length is seqused_k[b], not the packed length
-    same_packing: bool = False  # keys packed as the queries: one id and one offset table
+    same_packing: bool = False  # keys packed as the queries: one offset table
 
     @property
-    def key_tables(self) -> tuple[str, str]:
-        """The sequence ids and offsets of the keys."""
-        return (_SEQ_Q, _CU_Q) if self.same_packing else (_SEQ_K, _CU_K)
+    def key_offsets(self) -> str:
+        """The offset table of the keys."""
+        return _CU_Q if self.same_packing else _CU_K
+
+    @property
+    def row_sequence(self) -> str:
+        """The sequence of the query row, which is also its keys' (they lie in its slots)."""
+        return f"{_SEQ_Q}[{self.query}]"
 
     def local(self, name: str) -> str | None:
         """The local value a name stands for in the user's expressions."""
-        row_seq = f"{_SEQ_Q}[{self.query}]"
-        seq_k, cu_k = self.key_tables
-        # the key's start: in one packing through its own sequence (mask-analysis cancels
-        # it against the query's under the sequence mask: an interval, n <= m for causal);
-        # in two, through the query's sequence, as the lengths below (the sequence mask
-        # makes them one), so a comparison of local positions separates into a row side
-        # and the packed key index, which the tile index bounds per tile
-        key_seq = f"{seq_k}[{self.key}]" if self.same_packing else row_seq
-        key_start = f"{cu_k}[{key_seq}]"
+        row_seq = self.row_sequence
+        cu_k = self.key_offsets
+        # the key's start through the query's sequence, whose slots hold the key: a
+        # comparison of local positions then separates into a row side and the packed key
+        # index (in one packing its table terms cancel: n <= m for causal)
+        key_start = f"{cu_k}[{row_seq}]"
         key_length = (
             f"{_USED_K}[{row_seq}]"
             if self.seqused_k
@@ -284,8 +288,6 @@ def varlen_source(
             layout = [total] + [d for i, d in enumerate(tensor.dims) if i not in (dropped, at)]
         lines.append(f"in {tensor.name}[{', '.join(layout)}]{dtype}")
     lines.append(f"in {_SEQ_Q}[{_TOTAL_Q}]: i32")
-    if not same_packing:
-        lines.append(f"in {_SEQ_K}[{_TOTAL_K}]: i32")
     lines.append(f"in {_CU_Q}[{_OFFSETS}]: i32")
     if not same_packing:
         lines.append(f"in {_CU_K}[{_OFFSETS}]: i32")
@@ -296,13 +298,14 @@ def varlen_source(
         lines.append(f"param {info.name}: {info.dtype}{default}")
     for name, value in checked.lets.items():
         lines.append(f"let {name} = {_fmt(value)}")
-    # the sequence mask first: the tile index skips every cross-sequence tile by it
-    lines.append(f"mask {_SEQ_Q}[{query.index}] == {rw.key_tables[0]}[{key.index}]")
+    # the keys of the query's sequence first: its slots, [start, start + used) with
+    # seqused_k; the tile index scans only the key tiles of a query tile's sequences
+    row_seq, cu_k = rw.row_sequence, rw.key_offsets
+    lines.append(f"mask {key.index} >= {cu_k}[{row_seq}]")
     if seqused_k:
-        # the cache slots past the used length, stated as the row's end against the packed
-        # key index (separable), so the tile index skips the unused slots' tiles
-        row_seq = f"{_SEQ_Q}[{query.index}]"
-        lines.append(f"mask {key.index} < ({_CU_K}[{row_seq}] + {_USED_K}[{row_seq}])")
+        lines.append(f"mask {key.index} < ({cu_k}[{row_seq}] + {_USED_K}[{row_seq}])")
+    else:
+        lines.append(f"mask {key.index} < {cu_k}[({row_seq} + 1)]")
     for stmt in checked.spec.statements:
         match stmt:
             case ast.AssignStmt(target=target, indices=indices, value=value):
@@ -451,12 +454,11 @@ class VarlenKernel:
         # traced by torch.compile, PyTorch's own operations: a graph of them, no Triton
         # kernel of attncc's own to wrap
         on_device = cu_seqlens_q.is_cuda and not torch.compiler.is_compiling()
-        seq_q, seq_k = sequence_ids(cu_seqlens_q, q.shape[0], keys, seqused_k, on_device)
+        seq_q = sequence_ids(cu_seqlens_q, q.shape[0], keys, seqused_k, on_device)
         tables = {_SEQ_Q: seq_q, _CU_Q: cu_seqlens_q}
         if seqused_k is not None:
             tables[_USED_K] = seqused_k
-        if seq_k is not None:  # the two-table forms read the keys' own tables
-            tables[_SEQ_K] = seq_k
+        if keys is not None:  # the two-table forms read the keys' own offsets
             tables[_CU_K] = cu_seqlens_k
         result = kernel(q, k, v, **tables, **kwargs)
         if not kwargs.get("return_lse"):
@@ -514,9 +516,10 @@ def sequence_ids(
     keys: tuple[torch.Tensor, int] | None = None,
     seqused_k: torch.Tensor | None = None,
     on_device: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The sequence of each packed query token (int32 ``[total_q]``) and, with ``keys``
-    (``cu_seqlens_k``, ``total_k``), of each key token; no host synchronisation.
+) -> torch.Tensor:
+    """The sequence of each packed query token (int32 ``[total_q]``), no host
+    synchronisation. ``keys`` (``cu_seqlens_k``, ``total_k``): the keys' own table, checked
+    with ``seqused_k`` (the kernels bound each query's keys by it and read no key's id).
 
     ``on_device``: one launch of ``sequence_ids_kernel`` (templates/triton/
     sequence_ids.py.jinja; on CPU tensors, in Triton's interpreter), which also checks the
@@ -525,15 +528,13 @@ def sequence_ids(
     if not on_device:
         if cu_seqlens_q.is_cuda:  # the kernel's checks, as PyTorch's device-side assertions
             _assert_tables(cu_seqlens_q, total_q, keys, seqused_k)
-        seq_k = None if keys is None else _searched_ids(*keys)
-        return _searched_ids(cu_seqlens_q, total_q), seq_k
+        return _searched_ids(cu_seqlens_q, total_q)
     device = cu_seqlens_q.device
     batch = cu_seqlens_q.shape[0] - 1
     seq_q = torch.empty(total_q, dtype=torch.int32, device=device)
     cu_k, total_k = keys if keys is not None else (cu_seqlens_q, 0)
-    seq_k = torch.empty(total_k, dtype=torch.int32, device=device) if keys is not None else None
     used = seqused_k if seqused_k is not None else cu_seqlens_q
-    spread = max(total_q, total_k, batch, 1)
+    spread = max(total_q, batch, 1)
     interpreted = device.type == "cpu"
     module = load_module(_sequence_ids_path(), interpreted)
     on_gpu = torch.cuda.device(device) if device.type == "cuda" else nullcontext()
@@ -543,16 +544,15 @@ def sequence_ids(
             seq_q,
             total_q,
             cu_k.contiguous(),
-            seq_k if seq_k is not None else seq_q,
             total_k,
             used.contiguous(),
             batch,
             BLOCK=_IDS_BLOCK,
             CHUNK=_IDS_CHUNK,
-            TWO_TABLES=keys is not None,
+            KEY_TABLE=keys is not None,
             USED=seqused_k is not None,
         )
-    return seq_q, seq_k
+    return seq_q
 
 
 # tokens per program of sequence_ids_kernel, and sequence ends it compares them with at once
@@ -580,10 +580,11 @@ def _assert_tables(
 
 
 def _searched_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
-    """The sequence of each packed token, by torch.searchsorted."""
+    """The sequence of each packed token, by torch.searchsorted: the offsets at or below
+    it, less one (offset 0). Searched in the whole table: inductor's searchsorted in the
+    view ``cu_seqlens[1:]`` (torch 2.11, H200) read it from offset 0, ids one too high."""
     tokens = torch.arange(total, device=cu_seqlens.device, dtype=torch.int32)
-    ends = cu_seqlens[1:].contiguous()
-    return torch.searchsorted(ends, tokens, right=True, out_int32=True)
+    return torch.searchsorted(cu_seqlens, tokens, right=True, out_int32=True) - 1
 
 
 def varlen(

@@ -199,7 +199,7 @@ def tile_counts(
     q, k, v = (torch.zeros(total, heads, dim) for _ in range(3))
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
-    seq, _ = sequence_ids(cu, total)
+    seq = sequence_ids(cu, total)
     spec = EXAMPLES / ("causal.attn" if causal else "fused.attn")
     packed = attncc.varlen(spec, target="triton")
     docmask = attncc.compile(
@@ -210,7 +210,7 @@ def tile_counts(
         "varlen": (packed.same_packing_kernel, {"seq_q": seq, "cu_seqlens_q": cu}),
         "varlen, two tables": (
             packed.kernel,
-            {"seq_q": seq, "seq_k": seq, "cu_seqlens_q": cu, "cu_seqlens_k": cu.clone()},
+            {"seq_q": seq, "cu_seqlens_q": cu, "cu_seqlens_k": cu.clone()},
         ),
         "docmask": (docmask, {"doc": seq[None]}),
     }

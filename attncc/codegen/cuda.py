@@ -389,7 +389,7 @@ class _Context:
         index = self.k.tile_index
         if index is None or self.query is None:
             return None
-        masks, live, full = [], [], []
+        masks, live, full, narrow = [], [], [], []
         for i, sep in enumerate(index.masks):
             exact = sep.row.type != "float" and sep.key.type != "float"
             ctype = "long long" if exact else "float"
@@ -410,6 +410,12 @@ class _Context:
             names = (f"row_lo_{i}", f"row_hi_{i}", f"key_lo_{i}", f"key_hi_{i}")
             live.append(f"({plan.can_meet(sep.op, *names, logic=plan.CUDA_LOGIC)})")
             full.append(f"({plan.always(sep.op, *names, logic=plan.CUDA_LOGIC)})")
+            if exact and sep.key == ir.Index(self.k.key_axis.index) and sep.op != "!=":
+                # a mask of the key index itself: tile t's keys are [t * BN, t * BN + BN), so
+                # the tiles no row of the block can see are known before any key is read
+                first, last = "(long long)t * BN", "((long long)t * BN + BN - 1)"
+                tile = (f"block_lo_{i}", f"block_hi_{i}", first, last)
+                narrow.append(f"({plan.can_meet(sep.op, *tile, logic=plan.CUDA_LOGIC)})")
         # variant 2's index is built per call by a kernel of its own: one program per
         # (index program, query block), the index programs those of index.axes (heads share
         # one index where only document ids per sequence are read)
@@ -417,6 +423,7 @@ class _Context:
         return {
             "masks": masks,
             "live": " && ".join(live),
+            "narrow": "".join(f" && {test}" for test in narrow),
             "full": " && ".join(full) if index.full else "false",
             "build_fn": f"attncc_{self.name}_tile_index",
             "batch_lines": self.decompose([(cx.index_var(a.index), a.dim) for a in index.axes]),

@@ -285,6 +285,20 @@ def always(
     }[op]
 
 
+def key_index_range(op: str, row_lo: str, row_hi: str) -> tuple[str | None, str | None]:
+    """For a separable mask ``row <op> n`` whose key side is the key index itself
+    (``n >= start[seq[m]]``): the keys some row of a query tile may see, [lower, upper) from
+    the rows' value range [row_lo, row_hi] (None: that side unbounded). An index builder
+    scans only the key tiles that meet it."""
+    return {
+        "<": (f"{row_lo} + 1", None),
+        "<=": (row_lo, None),
+        ">": (None, row_hi),
+        ">=": (None, f"{row_hi} + 1"),
+        "==": (row_lo, f"{row_hi} + 1"),
+    }.get(op, (None, None))
+
+
 # Characters that end a line for Python's or C++'s tokenizer, or for an editor (str.splitlines),
 # and the C++ line splice: none of them may reach a one-line comment.
 _COMMENT_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\\]")

@@ -272,6 +272,8 @@ class _Context:
         )
         row_lines: list[str] = []
         key_lines: list[str] = []
+        narrow_lines: list[str] = []  # the scan's [lo, hi) from masks of the bare key index
+        key_size = cx.dim_var(self.k.key_axis.dim)
         live = ["tile_ok", "(start_n < hi)", "(start_n + BLOCK_N > lo)"]
         full = ["live", "(start_n >= full_lo)", "(start_n + BLOCK_N <= full_hi)"]
         for i, sep in enumerate(index.masks):
@@ -287,6 +289,14 @@ class _Context:
             )
             live.append(f"({plan.can_meet(sep.op, row_lo, row_hi, key_lo, key_hi)})")
             full.append(f"({plan.always(sep.op, row_lo, row_hi, key_lo, key_hi)})")
+            if exact and sep.key == ir.Index(self.key):
+                lower, upper = plan.key_index_range(sep.op, row_lo, row_hi)
+                if lower is not None:
+                    narrow_lines.append(
+                        f"lo = tl.minimum(tl.maximum(lo, {lower}), {key_size}).to(tl.int32)"
+                    )
+                if upper is not None:
+                    narrow_lines.append(f"hi = tl.maximum(tl.minimum(hi, {upper}), 0).to(tl.int32)")
         programs = plan.index_programs(index.axes)
         return {
             "build_fn": f"_attncc_{cx.safe_name(self.k.name)}_tile_index",
@@ -294,13 +304,14 @@ class _Context:
             "batch_lines": self.batch_lines(index.axes),
             "row_lines": row_lines,
             "key_lines": key_lines,
+            "narrow_lines": narrow_lines,
             "live": " & ".join(live),
             # a residual mask that is not separable applies per element in every tile
             "full": " & ".join(full) if index.full else "live & (tiles < 0)",
             "program": programs.program,
             "programs": programs.count,
             "programs_host": programs.count_host,
-            "key_size": cx.dim_var(self.k.key_axis.dim),
+            "key_size": key_size,
         }
 
     def loop(

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from attncc.ir import nodes as ir
-from attncc.ir.verify import indices_of
+from attncc.ir.verify import indices_of, subexprs
 
 
 @dataclass(frozen=True)
@@ -250,10 +250,10 @@ class MaskAnalysis:
     interval of ``mask_plan`` or listed in its ``residual``; the interval is exact where the
     residual masks hold (a key is in it iff the folded masks hold; a folded mask may rely on
     a residual equality, see the module docstring). Bounds depend on the query index and
-    batch values only. A mask that is an interval only by such an equality is replaced in
-    ``masks`` by its interval's comparisons (``n < m + 1``), which partial tiles then test
-    instead of its loads (every mask is then one conjunct); the masks' conjunction is the
-    same.
+    batch values only. A mask that is an interval only by such an equality, or whose terms
+    cancelled (``m - start[s[m]] >= n - start[s[m]]``), is replaced in ``masks`` by its
+    interval's comparisons (``n < m + 1``), which partial tiles then test instead of its
+    loads (every mask is then one conjunct); the masks' conjunction is the same.
     """
 
     name: str = "mask-analysis"
@@ -277,8 +277,10 @@ class MaskAnalysis:
                 continue
             lower.extend(interval.lower)
             upper.extend(interval.upper)
-            if others and _interval(mask, key, query) is None:
-                masks[i] = _interval_mask(interval, key)
+            as_interval = _interval_mask(interval, key)
+            relies = others and _interval(mask, key, query) is None
+            if relies or _loads(as_interval) < _loads(mask):
+                masks[i] = as_interval
         separable = [
             s for s in (_separable(m, batch, key, query) for m in residual) if s is not None
         ]
@@ -286,6 +288,11 @@ class MaskAnalysis:
         if masks != conjuncts:
             return replace(kernel, masks=tuple(masks), mask_plan=plan)
         return replace(kernel, mask_plan=plan)
+
+
+def _loads(expr: ir.Expr) -> int:
+    """How many tensor reads ``expr`` makes."""
+    return sum(isinstance(e, ir.Load) for e in subexprs(expr))
 
 
 def _interval_mask(interval: _Interval, key: str) -> ir.Expr:

@@ -33,8 +33,7 @@ def test_sequence_ids_on_the_gpu_match_searchsorted(batch: int) -> None:
     got = sequence_ids(
         cu_q.cuda(), sum(q_lens), (cu_k.cuda(), sum(k_lens)), used.cuda(), on_device=True
     )
-    assert torch.equal(got[0].cpu(), want[0])
-    assert torch.equal(got[1].cpu(), want[1])  # type: ignore[union-attr]
+    assert torch.equal(got.cpu(), want)
 
 
 @pytest.mark.gpu
@@ -58,15 +57,31 @@ def test_varlen_on_the_gpu_matches_each_sequence_alone(one_table: bool) -> None:
 
 
 @pytest.mark.gpu
-def test_varlen_under_torch_compile_matches_eager() -> None:
+@pytest.mark.parametrize("tables", ["one", "two", "seqused_k"])
+def test_varlen_under_torch_compile_matches_eager(tables: str) -> None:
     # traced, the sequence ids are PyTorch operations (no Triton kernel of attncc's to wrap)
     kernel = varlen(EXAMPLES / "causal.attn")
     lens = [5, 200, 64]
     cu = _cu(lens).cuda()
+    cu_k = cu if tables == "one" else cu.clone()
+    used = {"seqused_k": torch.tensor([5, 150, 1], dtype=torch.int32, device="cuda")}
+    extra = used if tables == "seqused_k" else {}
     q, k, v = (torch.randn(sum(lens), 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    eager = kernel(q, k, v, cu, cu, max(lens), max(lens))
-    compiled = torch.compile(lambda *args: kernel(*args))(q, k, v, cu, cu, max(lens), max(lens))
+    eager = kernel(q, k, v, cu, cu_k, max(lens), max(lens), **extra)
+
+    def call(*args: torch.Tensor) -> torch.Tensor:
+        return kernel(*args, **extra)  # type: ignore[no-any-return]
+
+    compiled = torch.compile(call)(q, k, v, cu, cu_k, max(lens), max(lens))
     torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+def test_traced_sequence_ids_match_the_kernels() -> None:
+    # the ids index the offset tables: traced ones one too high read the next sequence's
+    cu = _cu([5, 200, 0, 64]).cuda()
+    traced = torch.compile(lambda table: sequence_ids(table, 269))(cu)
+    assert torch.equal(traced, sequence_ids(cu, 269, on_device=True))
 
 
 BROKEN = """

@@ -100,6 +100,29 @@ def test_varlen_matches_each_sequence_alone(name: str) -> None:
     assert torch.allclose(out[cq[i] : cq[i + 1]], alone[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tables", ["one", "two"])
+def test_varlen_gradients_match_each_sequence_alone(tables: str) -> None:
+    # the backward reads the same sequence bounds and tile index as the forward
+    kernel, batched = compiled_varlen("causal"), attncc.compile(example_path("causal"))
+    lens = (5, 1, 37, 16)
+    case = _case("causal", lens, lens, seed=5)
+    cu = _cu(lens)
+    cu_k = cu if tables == "one" else cu.clone()
+    q, k, v = (case[t].clone().requires_grad_() for t in ("q", "k", "v"))
+    out = kernel(q, k, v, cu, cu_k, max(lens), max(lens))
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    for i in range(len(lens)):
+        rows = slice(cu[i], cu[i + 1])
+        alone = [case[t][rows].transpose(0, 1)[None].clone().requires_grad_() for t in "qkv"]
+        batched(*alone).backward(grad[rows].transpose(0, 1)[None])
+        for got, want in zip((q, k, v), alone, strict=True):
+            assert got.grad is not None and want.grad is not None
+            assert torch.allclose(
+                got.grad[rows], want.grad[0].transpose(0, 1), atol=1e-5, rtol=1e-5
+            )
+
+
 def test_sliding_window_is_local_to_each_sequence() -> None:
     kernel = compiled_varlen("sliding_window")
     lens = (7, 1, 19)
@@ -110,10 +133,33 @@ def test_sliding_window_is_local_to_each_sequence() -> None:
 
 
 def test_cross_sequence_tiles_are_skipped_by_the_tile_index() -> None:
+    # each query's keys are its sequence's slots: masks of the key index itself against
+    # the row's sequence start and end, which the index builder scans by (no key's id read)
     _, kernel = attncc.optimise(varlen_source(example_path("causal")))
     assert kernel.tile_index is not None and kernel.tile_index.full
-    first = kernel.tile_index.masks[0]
-    assert (first.row.tensor, first.key.tensor) == ("seq_q", "seq_k")  # type: ignore[union-attr]
+    start, end = kernel.tile_index.masks[:2]
+    assert (expr_str(start.row), start.op, start.key) == (
+        "cu_seqlens_k[seq_q[m]]",
+        "<=",
+        ir.Index("n"),
+    )
+    assert (expr_str(end.row), end.op, end.key) == (
+        "cu_seqlens_k[seq_q[m] + 1]",
+        ">",
+        ir.Index("n"),
+    )
+    assert "seq_k" not in varlen_source(example_path("causal"))
+
+
+def test_the_index_builders_scan_only_a_query_tiles_own_sequences() -> None:
+    # both builders start at the rows' least sequence start and end at their greatest end
+    source = varlen_source(example_path("causal"))
+    built = attncc.compile(source, target="triton").source
+    assert "lo = tl.minimum(tl.maximum(lo, row_lo_0), d_TOTAL_K).to(tl.int32)" in built
+    assert "hi = tl.maximum(tl.minimum(hi, row_hi_1), 0).to(tl.int32)" in built
+    built = attncc.compile(source, target="cuda").source
+    tile = "(long long)t * BN"
+    assert f"(block_lo_0 <= ({tile} + BN - 1)) && (block_hi_1 > {tile})" in built
 
 
 def test_bad_offsets_are_one_clear_error() -> None:
@@ -142,10 +188,9 @@ def test_sequence_id_kernel_matches_searchsorted(
     cu_q, cu_k = _cu(tuple(q_lens)), _cu(tuple(k_lens))
     used = torch.tensor([n // 2 for n in k_lens], dtype=torch.int32) if with_used else None
     keys = (cu_k, sum(k_lens))
-    seq_q, seq_k = sequence_ids(cu_q, sum(q_lens), keys, used, on_device=True)
-    want_q, want_k = sequence_ids(cu_q, sum(q_lens), keys)
-    assert seq_q.dtype == seq_k.dtype == torch.int32  # type: ignore[union-attr]
-    assert torch.equal(seq_q, want_q) and torch.equal(seq_k, want_k)  # type: ignore[arg-type]
+    seq_q = sequence_ids(cu_q, sum(q_lens), keys, used, on_device=True)
+    want_q = sequence_ids(cu_q, sum(q_lens), keys)
+    assert seq_q.dtype == torch.int32 and torch.equal(seq_q, want_q)
     assert seq_q.tolist() == [b for b, n in enumerate(q_lens) for _ in range(n)]
 
 
@@ -373,7 +418,11 @@ def test_one_cu_seqlens_tensor_runs_the_one_packing_spec() -> None:
     same = kernel.same_packing_kernel
     plan = same.ir.mask_plan
     assert [expr_str(b.expr) for b in plan.upper] == ["m + 1"] and not plan.lower
-    assert [expr_str(m) for m in same.ir.masks] == ["seq_q[m] == seq_q[n]", "n < m + 1"]
+    assert [expr_str(m) for m in same.ir.masks] == [
+        "n >= cu_seqlens_q[seq_q[m]]",
+        "n < cu_seqlens_q[seq_q[m] + 1]",
+        "n < m + 1",
+    ]
     assert same.ir.tile_index is not None and same.ir.tile_index.full
 
     cu = _cu((5, 9))

@@ -552,6 +552,18 @@ def test_mask_analysis_cancels_starts_equal_under_an_equality_mask(name: str) ->
     assert sum("st[" in expr_str(mask) for mask in kernel.masks) == 0
 
 
+def test_a_mask_whose_table_terms_cancel_is_tested_as_its_interval() -> None:
+    # local positions read through the row's sequence alone (attncc.varlen's one-packing
+    # form): the starts cancel with no equality, and partial tiles compare indices, not
+    # gathers of the starts
+    kernel = attncc.optimise(
+        PACKED.replace("mask m >= n\n", f"mask {LOCAL_M} >= (n - st[b, {ROW_DOC}])\n")
+    )[1]
+    plan = kernel.mask_plan
+    assert plan is not None and [expr_str(b.expr) for b in plan.upper] == ["m + 1"]
+    assert [expr_str(mask) for mask in kernel.masks] == ["n < m + 1"]
+
+
 @pytest.mark.parametrize("name", sorted(EQUALITY_MASKS))
 @given(
     m=st.integers(1, 30),
