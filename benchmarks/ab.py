@@ -2,7 +2,7 @@
 default change would buy, measured in one device call before the template changes.
 
     python3 benchmarks/ab.py SPEC "B,H:KVH,S,D" VARIANTS.json [--target triton|cuda]
-        [--dtype bf16|fp16] [--rounds 3] [--config JSON]
+        [--dtype bf16|fp16] [--rounds 3] [--config JSON] [--documents 4]
 
 VARIANTS.json maps a variant's name to its text replacements, ``{"name": [[old, new], ...]}``;
 ``"name": []`` is an identical copy (a control: how far two timings of one kernel differ).
@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--config", type=json.loads, default=None)
+    parser.add_argument("--documents", type=int, default=4, help="equal documents of doc ids")
     parser.add_argument(
         "--family",
         default="hopper",
@@ -106,7 +107,7 @@ def main() -> None:
         args.family, ""
     )
     sizes = sizes_for(kernel.ir, Shape.parse(args.shape))
-    inputs = bench_inputs(kernel.ir, sizes, DTYPES[args.dtype], documents=4)
+    inputs = bench_inputs(kernel.ir, sizes, DTYPES[args.dtype], documents=args.documents)
     rows = sizes[kernel.ir.query_axis.dim] if kernel.ir.query_axis else 1
     graphed = rows <= 16
     copies = cold_copies(inputs) if graphed else [inputs]

@@ -241,9 +241,10 @@ if has tests; then
     echo "$(wc -l < "$work/ids.txt") GPU tests in $shards shards"
     for i in $(seq 0 $((shards - 1))); do
         awk -v n="$shards" -v i="$i" 'NR % n == i' "$work/ids.txt" > "$work/shard$i.txt"
-        # shellcheck disable=SC2046  # one argument per test id (ids have no spaces)
+        # one argument per test id, a line each: parametrised ids may hold spaces
+        mapfile -t shard_ids < "$work/shard$i.txt"
         ATTNCC_AUTOTUNE=0 timeout "${TESTS_TIMEOUT_S:-480}" python3 -m pytest -q -m gpu \
-            -p no:cacheprovider $(cat "$work/shard$i.txt") > "$work/shard$i.log" 2>&1 &
+            -p no:cacheprovider "${shard_ids[@]}" > "$work/shard$i.log" 2>&1 &
     done
     wait
     for i in $(seq 0 $((shards - 1))); do
