@@ -2,7 +2,7 @@
 default change would buy, measured in one device call before the template changes.
 
     python3 benchmarks/ab.py SPEC "B,H:KVH,S,D" VARIANTS.json [--target triton|cuda]
-        [--dtype bf16|fp16] [--rounds 3] [--config JSON] [--documents 4]
+        [--dtype bf16|fp16] [--rounds 3] [--config JSON] [--documents 4 | --document-mean N]
 
 VARIANTS.json maps a variant's name to its text replacements, ``{"name": [[old, new], ...]}``;
 ``"name": []`` is an identical copy (a control: how far two timings of one kernel differ).
@@ -74,6 +74,23 @@ def use_family_source(module: Any, family: str, original: str, patched: str) -> 
     }
 
 
+def random_documents(inputs: dict[str, Any], kernel: Any, keys: int, mean: int) -> None:
+    """Integer inputs along the key axis (document ids) replaced by ids of documents of random
+    lengths (uniform on 1..2 * mean - 1, as benchmarks/varlen_speed.py draws them)."""
+    import torch
+
+    generator, lengths = torch.Generator().manual_seed(0), []
+    while sum(lengths) < keys:
+        lengths.append(
+            min(int(torch.randint(1, 2 * mean, (1,), generator=generator)), keys - sum(lengths))
+        )
+    for arg in kernel.tensors:
+        if arg.dtype in ("i32", "i64") and arg.dims and arg.dims[-1] == kernel.key_axis.dim:
+            old = inputs[arg.name]
+            ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+            inputs[arg.name] = ids.to(old).expand(old.shape).contiguous()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("spec")
@@ -84,6 +101,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--config", type=json.loads, default=None)
     parser.add_argument("--documents", type=int, default=4, help="equal documents of doc ids")
+    parser.add_argument(
+        "--document-mean",
+        type=int,
+        default=None,
+        help="doc ids of random lengths of this mean instead (uniform on 1..2 * mean - 1)",
+    )
     parser.add_argument(
         "--family",
         default="hopper",
@@ -108,6 +131,8 @@ def main() -> None:
     )
     sizes = sizes_for(kernel.ir, Shape.parse(args.shape))
     inputs = bench_inputs(kernel.ir, sizes, DTYPES[args.dtype], documents=args.documents)
+    if args.document_mean is not None:
+        random_documents(inputs, kernel.ir, sizes[kernel.ir.key_axis.dim], args.document_mean)
     rows = sizes[kernel.ir.query_axis.dim] if kernel.ir.query_axis else 1
     graphed = rows <= 16
     copies = cold_copies(inputs) if graphed else [inputs]

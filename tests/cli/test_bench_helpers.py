@@ -377,3 +377,18 @@ def test_ab_keeps_a_source_the_host_module_patched() -> None:
     ab.use_family_source(module, "hopper", "original", "patched kernel source")
     assert module._CUDA_SOURCES == {"hopper": "patched kernel source", "mma": "m"}
     assert module._SOURCE_KEYS["hopper"] == "key of patched kernel source"
+
+
+def test_ab_random_documents_replace_the_ids_along_the_keys() -> None:
+    """ab.py --document-mean: document ids of random lengths, rising, over every key."""
+    import torch
+
+    ab = _script("ab")
+    kernel = attncc.compile(EXAMPLES / "document_mask.attn", target="triton").ir
+    inputs = {"doc": torch.zeros(2, 1000, dtype=torch.int32), "q": torch.zeros(1)}
+    ab.random_documents(inputs, kernel, 1000, 64)
+    doc = inputs["doc"]
+    assert doc.dtype == torch.int32 and doc.shape == (2, 1000) and torch.equal(doc[0], doc[1])
+    lengths = torch.unique_consecutive(doc[0], return_counts=True)[1]
+    assert bool((doc[0, 1:] >= doc[0, :-1]).all()) and int(lengths.max()) <= 127
+    assert len(lengths) >= 4 and inputs["q"].shape == (1,)
