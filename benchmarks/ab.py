@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from varlen_speed import sequence_lengths  # benchmarks/: the script's own folder
+
 from attncc.bench import source_variant
 
 Variants = dict[str, list[list[str]]]
@@ -79,11 +81,7 @@ def random_documents(inputs: dict[str, Any], kernel: Any, keys: int, mean: int) 
     lengths (uniform on 1..2 * mean - 1, as benchmarks/varlen_speed.py draws them)."""
     import torch
 
-    generator, lengths = torch.Generator().manual_seed(0), []
-    while sum(lengths) < keys:
-        lengths.append(
-            min(int(torch.randint(1, 2 * mean, (1,), generator=generator)), keys - sum(lengths))
-        )
+    lengths = sequence_lengths(mean, keys, torch.Generator().manual_seed(0))
     for arg in kernel.tensors:
         if arg.dtype in ("i32", "i64") and arg.dims and arg.dims[-1] == kernel.key_axis.dim:
             old = inputs[arg.name]

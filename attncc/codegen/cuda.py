@@ -389,7 +389,7 @@ class _Context:
         index = self.k.tile_index
         if index is None or self.query is None:
             return None
-        masks, live, full, narrow = [], [], [], []
+        masks, live, full, narrow, narrowing = [], [], [], [], []
         for i, sep in enumerate(index.masks):
             exact = sep.row.type != "float" and sep.key.type != "float"
             ctype = "long long" if exact else "float"
@@ -416,6 +416,7 @@ class _Context:
                 first, last = "(long long)t * BN", "((long long)t * BN + BN - 1)"
                 tile = (f"block_lo_{i}", f"block_hi_{i}", first, last)
                 narrow.append(f"({plan.can_meet(sep.op, *tile, logic=plan.CUDA_LOGIC)})")
+                narrowing.append({"index": i, "type": ctype})
         # variant 2's index is built per call by a kernel of its own: one program per
         # (index program, query block), the index programs those of index.axes (heads share
         # one index where only document ids per sequence are read)
@@ -424,6 +425,7 @@ class _Context:
             "masks": masks,
             "live": " && ".join(live),
             "narrow": "".join(f" && {test}" for test in narrow),
+            "narrowing": narrowing,
             "full": " && ".join(full) if index.full else "false",
             "build_fn": f"attncc_{self.name}_tile_index",
             "batch_lines": self.decompose([(cx.index_var(a.index), a.dim) for a in index.axes]),
