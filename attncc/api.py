@@ -86,7 +86,7 @@ def compile(
     (CUDA tensors only). The default, ``"auto"``, picks CUDA where it is the faster backend
     (fused prefill, sm_90 GPU, cuda-python installed) and Triton
     elsewhere; ``Kernel.target`` says which. A kernel auto made CUDA runs the calls its sm_90a
-    kernels cannot take (CPU tensors, fp32, head dims past 128, ...) on the spec's Triton
+    kernels cannot take (CPU tensors, fp32, head dims past 256, ...) on the spec's Triton
     kernel (``Kernel.fallback``)."""
     built = build(spec, target, schedule, **options)
     fallback = None

@@ -52,23 +52,33 @@ Key = TypeVar("Key")  # what time_rounds names its contenders by
 
 @dataclass(frozen=True)
 class Shape:
-    """``B,H,S,D`` or ``B,H:KVH,S,D`` (query heads : kv heads)."""
+    """``B,H,S,D``, ``B,H:KVH,S,D`` (query heads : kv heads) or ``...,D:DV`` (a value head
+    dim of its own, as MLA's 192:128)."""
 
     batch: int
     heads: int
     kv_heads: int | None
     seq: int
     head_dim: int
+    value_dim: int | None = None
 
     @staticmethod
     def parse(text: str) -> Shape:
         b, h, s, d = text.split(",")
         heads, _, kv = h.partition(":")
-        return Shape(int(b), int(heads), int(kv) if kv else None, int(s), int(d))
+        head, _, value = d.partition(":")
+        kv_heads = int(kv) if kv else None
+        return Shape(int(b), int(heads), kv_heads, int(s), int(head), int(value) if value else None)
+
+    @property
+    def values(self) -> int:
+        """The value head dim: the head dim unless the shape names one."""
+        return self.value_dim or self.head_dim
 
     def __str__(self) -> str:
         kv = f":{self.kv_heads}" if self.kv_heads else ""
-        return f"B={self.batch} H={self.heads}{kv} S={self.seq} D={self.head_dim}"
+        dv = f" DV={self.value_dim}" if self.value_dim else ""
+        return f"B={self.batch} H={self.heads}{kv} S={self.seq} D={self.head_dim}{dv}"
 
 
 def source_variant(source: str, label: str, replacements: list[list[str]]) -> str:
@@ -118,7 +128,13 @@ def sizes_for(kernel: ir.AttentionKernel, shape: Shape, page: int = 16) -> dict[
     if kernel.query_axis is not None:
         sizes[kernel.query_axis.dim] = shape.seq
     sizes[kernel.head_axis.dim] = shape.head_dim
-    sizes[kernel.value_axis.dim] = shape.head_dim
+    if kernel.value_axis.dim != kernel.head_axis.dim:
+        sizes[kernel.value_axis.dim] = shape.values
+    elif shape.values != shape.head_dim:
+        raise ValueError(
+            f"shape {shape}: the spec's values have head dim {kernel.head_axis.dim} too, "
+            "so they take no value dim of their own"
+        )
     derive_sizes(kernel, sizes, shape.seq, page=page)
     # a page pool with a page for every slot of the page table
     for tensor, dim in index_tensor_dims(kernel).items():
@@ -401,7 +417,8 @@ def bench_spec(
         fraction = visible_fraction(kernel.ir, sizes, params, inputs)
         rows_m = sizes[kernel.ir.query_axis.dim] if kernel.ir.query_axis else 1
         heads = math.prod(sizes[a.dim] for a in kernel.ir.batch_axes)
-        flops = 4 * heads * rows_m * sizes[kernel.ir.key_axis.dim] * shape.head_dim * fraction
+        dims = shape.head_dim + shape.values  # S = Q K^T and O = P V
+        flops = 2 * heads * rows_m * sizes[kernel.ir.key_axis.dim] * dims * fraction
 
         if warm_only:
             kernel.warm(*(inputs[name] for name in kernel.input_names))
@@ -415,7 +432,7 @@ def bench_spec(
             return lambda: kernel(*ordered)
 
         runs = [runner(c) for c in copies]
-        # an auto CUDA kernel runs some calls on Triton (fp32, head dims past 128): the row
+        # an auto CUDA kernel runs some calls on Triton (fp32, head dims past 256): the row
         # names the backend that ran
         ran = kernel.backend_for(*(inputs[name] for name in kernel.input_names))
         tuned, began = kernel.tuner.tuned, time.perf_counter()
@@ -616,7 +633,8 @@ def main(args: argparse.Namespace) -> int:
         shapes = [Shape.parse(s) for s in args.shapes.split(";") if s] or None
     except ValueError:
         print(
-            f"attncc: error: --shapes: expected B,H,S,D or B,H:KVH,S,D;..., got {args.shapes!r}",
+            "attncc: error: --shapes: expected B,H,S,D, B,H:KVH,S,D or B,H,S,D:DV;..., "
+            f"got {args.shapes!r}",
             file=sys.stderr,
         )
         return 2

@@ -438,7 +438,11 @@ def parser() -> argparse.ArgumentParser:
         "bench", parents=[common], help="time a spec against SDPA and FlexAttention (GPU)"
     )
     bench_p.add_argument("spec")
-    bench_p.add_argument("--shapes", default="", help="B,H,S,D;... (defaults: a 16k-token set)")
+    bench_p.add_argument(
+        "--shapes",
+        default="",
+        help="B,H,S,D;... (H may be H:KVH, D may be D:DV; defaults: a 16k-token set)",
+    )
     bench_p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     bench_p.add_argument(
         "--against",

@@ -9,7 +9,7 @@ from typing import Any
 
 # N of the m64nNk16 shapes: key tiles of Q * K^T and padded value dims of P * V, and (A from
 # registers) 64 value dims with an 8-column block of row sums (ATTNCC_ROW_SUMS_MMA)
-WIDTHS = (64, 128)
+WIDTHS = (64, 128, 192, 256)
 ROW_SUM_WIDTHS = (72,)
 ELEMENTS = (("bf16_t", "bf16"), ("f16_t", "f16"))
 

@@ -29,6 +29,20 @@ def test_shapes_parse_with_and_without_kv_heads() -> None:
     assert Shape.parse("4,16,4096,128") == Shape(4, 16, None, 4096, 128)
     assert Shape.parse("2,32:8,4096,128") == Shape(2, 32, 8, 4096, 128)
     assert str(Shape.parse("2,32:8,4096,128")) == "B=2 H=32:8 S=4096 D=128"
+    assert Shape.parse("4,16,4096,192:128") == Shape(4, 16, None, 4096, 192, 128)
+    assert str(Shape.parse("4,16,4096,192:128")) == "B=4 H=16 S=4096 D=192 DV=128"
+
+
+def test_sizes_for_a_value_dim_of_its_own() -> None:
+    """D:DV sizes the value head dim of a spec that has one; a spec whose values share the
+    head dim refuses a different one rather than ignore it."""
+    mla = attncc.optimise(EXAMPLES / "mla_causal.attn")[1]
+    sizes = sizes_for(mla, Shape(4, 16, None, 4096, 192, 128))
+    assert (sizes["D"], sizes["E"]) == (192, 128)
+    assert sizes_for(mla, Shape(4, 16, None, 4096, 64))["E"] == 64
+    causal = attncc.optimise(EXAMPLES / "causal.attn")[1]
+    with pytest.raises(ValueError, match="take no value dim of their own"):
+        sizes_for(causal, Shape(4, 16, None, 4096, 192, 128))
 
 
 def test_default_shapes_hold_16k_tokens() -> None:

@@ -67,7 +67,7 @@ def test_gpu_commands_say_when_there_is_no_gpu(capsys: pytest.CaptureFixture[str
         (["--rounds", "0"], "--rounds must be at least 1, got 0"),
         (["--page", "0"], "--page must be at least 1 token, got 0"),
         (["--against", "flex,fa3"], "--against: unknown anchor fa3; choose from"),
-        (["--shapes", "1,2"], "--shapes: expected B,H,S,D or B,H:KVH,S,D"),
+        (["--shapes", "1,2"], "--shapes: expected B,H,S,D, B,H:KVH,S,D or B,H,S,D:DV"),
     ],
 )
 def test_bench_options_are_checked_before_the_gpu(

@@ -163,6 +163,22 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
             "ATTNCC_PINGPONG": 1,
         },
     ),
+    # the default at head dims past 128: 128 x 64 tiles, one Q buffer, two stages
+    "wgmma2-wide-bf16-256": (
+        "hopper",
+        {
+            "ATTNCC_WGMMA": 2,
+            "ATTNCC_M_TILES": 1,
+            "ATTNCC_WARPS": 8,
+            "ATTNCC_BLOCK_N": 64,
+            "ATTNCC_TMA": 1,
+            "ATTNCC_STAGES": 2,
+            "ATTNCC_Q_BUFFERS": 1,
+            "ATTNCC_PINGPONG": 0,
+            "ATTNCC_DP": 256,
+            "ATTNCC_DVP": 256,
+        },
+    ),
 }
 FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS if variant != "wgmma2-default"]
 FULL_COMPILE += [("paged_decode", "split-bf16-128")]
@@ -177,6 +193,7 @@ FULL_COMPILE += [
         "wgmma2-one-group-bf16-64",
         "wgmma2-three-groups-bf16-64",
         "wgmma2-row-sums-bf16-64",
+        "wgmma2-wide-bf16-256",
     )
 ]
 # every example's every family in the front end: its default variant (and variant 1)
@@ -472,7 +489,7 @@ def test_fused_grid_is_persistent_for_variant_two_without_a_tile_index(
 
 def test_the_calls_that_take_the_wgmma_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """`_takes_wgmma`, which sends an auto kernel's other calls to Triton: 16-bit CUDA tensors
-    on an sm_90 GPU with head dims up to 128 and 16-byte loads, enough queries for the
+    on an sm_90 GPU with head dims up to 256 and 16-byte loads, enough queries for the
     fused kernel (speculative decode's one-query calls split the keys), and a document
     mask's batch entries within its index builder's grid."""
     causal = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
@@ -493,7 +510,8 @@ def test_the_calls_that_take_the_wgmma_kernels(monkeypatch: pytest.MonkeyPatch) 
     assert takes(causal, torch.bfloat16, 128) and takes(causal, torch.float16, 64)
     assert not takes(causal, torch.bfloat16, 128, device=cpu)
     assert not takes(causal, torch.float32, 128)
-    assert not takes(causal, torch.bfloat16, 256)
+    assert takes(causal, torch.bfloat16, 256) and takes(causal, torch.float16, 192)
+    assert not takes(causal, torch.bfloat16, 288)
     assert not takes(causal, torch.bfloat16, 128, padded=True)
     sm90[causal] = False  # another GPU
     assert not takes(causal, torch.bfloat16, 128)

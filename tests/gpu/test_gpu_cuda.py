@@ -124,7 +124,7 @@ def test_auto_target_runs_cuda_where_it_is_faster_and_triton_elsewhere(
 ) -> None:
     """target "auto" (the default) on an H100/H200: CUDA for fused prefill (a tile index
     too), Triton for decode; an auto CUDA kernel's calls without an sm_90a kernel (fp32,
-    head dim 256) or with fewer query tiles than multiprocessors run the Triton kernel,
+    head dim 288) or with fewer query tiles than multiprocessors run the Triton kernel,
     built on the first of them. Every call matches the reference."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("auto picks the CUDA target on sm_90 GPUs only")
@@ -134,21 +134,24 @@ def test_auto_target_runs_cuda_where_it_is_faster_and_triton_elsewhere(
     assert attncc.compile(EXAMPLE_DIR / "document_mask.attn").target == "cuda"
     assert attncc.compile(EXAMPLE_DIR / "decode.attn").target == "triton"
     gen = torch.Generator().manual_seed(2)
-    cases = ((torch.bfloat16, 128, 600), (torch.float32, 64, 600), (torch.bfloat16, 256, 600))
+    cases = ((torch.bfloat16, 128, 600), (torch.bfloat16, 256, 600), (torch.float32, 64, 600))
+    cases += ((torch.bfloat16, 288, 600),)
     # 4 x 8 x 600 queries: 160 tiles of 128 rows, enough to fill 132 multiprocessors; 2 x 3
     # x 300 (18 tiles) goes to Triton even where the sm_90a kernels could take it
     cases += ((torch.bfloat16, 128, 300),)
-    for dtype, head_dim, rows in cases:
+    for index, (dtype, head_dim, rows) in enumerate(cases):
         batch, heads = (4, 8) if rows == 600 else (2, 3)
         qkv = [torch.randn(batch, heads, rows, head_dim, generator=gen).to(dtype) for _ in "qkv"]
         out = kernel(*(t.cuda() for t in qkv))
         expected = torch.from_numpy(reference(kernel.spec)(*qkv))
         error = (out.double().cpu() - expected).abs().max().item()
         assert error < 3e-2, (dtype, head_dim, error)
-        # the first call (bf16, head dim 128, 160 tiles) ran the sm_90a kernel, the others Triton
-        assert (kernel._fallback_kernel is None) == (head_dim == 128 and rows == 600)
+        # the first two calls (bf16, head dims 128 and 256, 160 tiles) ran the sm_90a kernel,
+        # the others Triton
+        on_cuda = dtype == torch.bfloat16 and head_dim <= 256 and rows == 600
+        assert (kernel._fallback_kernel is None) == (index < 2)
         backend = kernel.backend_for(*(t.cuda() for t in qkv))
-        assert backend == ("cuda" if head_dim == 128 and rows == 600 else "triton")
+        assert backend == ("cuda" if on_cuda else "triton")
 
 
 def test_cuda_graph_capture() -> None:

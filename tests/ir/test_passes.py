@@ -293,6 +293,7 @@ MASK_PLANS = {
     "gqa_causal": ([], [("m + 1", 1)], []),
     "alibi": ([], [("m + 1", 1)], []),
     "softcap": ([], [("m + 1", 1)], []),
+    "mla_causal": ([], [("m + 1", 1)], []),
     "causal_bottom_right": ([], [("m + N - M + 1", 1)], []),
     "sliding_window": ([("m - window + 1", 1)], [("m + 1", 1)], []),
     "prefix_lm": ([], [("max(prefix, m + 1)", 1)], []),
