@@ -7,9 +7,10 @@ default change would buy, measured in one device call before the template change
 VARIANTS.json maps a variant's name to its text replacements, ``{"name": [[old, new], ...]}``;
 ``"name": []`` is an identical copy (a control: how far two timings of one kernel differ).
 Each ``old`` must occur in the generated source (an A/B whose variant silently equals the
-baseline is worse than an error). For the CUDA target a replacement applies to the host
-module (its tables: ``"_WGMMA_PERSISTENT = 1"`` -> ``"_WGMMA_PERSISTENT = 0"``) where the text
-is there, else to the CUDA C++ it compiles (each variant compiles under its own cache key).
+baseline is worse than an error). For the CUDA target a replacement applies to the CUDA C++
+the host compiles where the text is there (each variant compiles under its own cache key),
+else to the host module (its tables: ``"_WGMMA_PERSISTENT = 1"`` -> ``"_WGMMA_PERSISTENT =
+0"``).
 
 Every variant runs the launch configuration the host picks for the shape (``--config``: this
 one instead, e.g. ``'{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}'``), and
@@ -52,10 +53,14 @@ def load_variants(path: str) -> Variants:
 def split_replacements(
     host: str, kernel_source: str, name: str, replacements: list[list[str]]
 ) -> tuple[str, str]:
-    """(host module, kernel source) with ``replacements`` applied: each to the host module
-    where its text is there, else to the kernel source (the CUDA C++ the host compiles)."""
+    """(host module, kernel source) with ``replacements`` applied: each to the kernel source
+    (the CUDA C++ the host compiles) where its text is there, else to the host module. The
+    host embeds the kernel sources, so kernel text is often in both; the module compiles
+    the patched kernel source (use_family_source), not its own copy."""
     for old, new in replacements:
-        if old in host:
+        if kernel_source and old in kernel_source:
+            kernel_source = kernel_source.replace(old, new)
+        elif old in host:
             host = host.replace(old, new)
         else:
             kernel_source = source_variant(kernel_source, name, [[old, new]])

@@ -345,11 +345,20 @@ def test_plot_ratios_group_rows_into_tables_per_anchor_and_variant() -> None:
     assert plot.file_name("matrix_h100", ("decode", "bf16", 0)) == "matrix_h100_decode_bf16.png"
 
 
-def test_ab_variants_apply_to_the_host_module_else_the_kernel_source(tmp_path: Path) -> None:
-    """ab.py: a replacement whose text is in the host module changes the host (its tables);
-    otherwise it must be in the kernel source; text in neither is an error naming the
-    variant, not a variant that silently equals the baseline."""
+def test_ab_variants_apply_to_the_kernel_source_else_the_host_module(tmp_path: Path) -> None:
+    """ab.py: a replacement whose text is in the kernel source changes the kernel source, even
+    where the host module holds the text too (it embeds the sources, one line of them as a
+    string literal: a variant mixing one-line and multi-line replacements lost the one-line
+    ones, and timed the baseline's compares beside dead code); otherwise it changes the host
+    (its tables); text in neither is an error naming the variant, not a variant that
+    silently equals the baseline."""
     ab = _script("ab")
+    kernel = "const int kv = ids[n];\nif (rv == kv) s = x;\n"
+    host = f"_CUDA_SOURCES = {{'hopper': {kernel!r}}}\n"
+    new_host, new_kernel = ab.split_replacements(
+        host, kernel, "mixed", [["const int kv = ids[n];\n", ""], ["rv == kv", "bit"]]
+    )
+    assert (new_host, new_kernel) == (host, "if (bit) s = x;\n")
     host = "_WGMMA_PERSISTENT = 1\n_CUDA_SOURCE = '...'\n"
     kernel = "for (int j = 0; j < BN; ++j) {\n    s = fmaxf(s, x);\n}\n"
     new_host, new_kernel = ab.split_replacements(
