@@ -155,9 +155,16 @@ class Index:
 
 
 def build_index(
-    kernel: Kernel, inputs: dict[str, torch.Tensor], params: dict[str, Any], bm: int, bn: int
+    kernel: Kernel,
+    inputs: dict[str, torch.Tensor],
+    params: dict[str, Any],
+    bm: int,
+    bn: int,
+    map_too: bool = True,
 ) -> Index:
-    """Run the generated builder alone, as ``_launch`` does before the attention kernel."""
+    """Run the generated builder alone, as ``_launch`` does before the attention kernel; its
+    map mode (the backward's) must mark exactly the listed tiles, 2 full and 1 partial
+    (``map_too``; a mutant of the lists' code alone differs from its map)."""
     on_cpu = DEVICE == "cpu"
     module = kernel.module(interpreted=on_cpu)
     sizes, dtype, device = module._check(inputs, params)
@@ -177,6 +184,17 @@ def build_index(
                 count = int(counts[kind, program, tile])
                 assert 0 <= count <= key_tiles
                 found[kind][program, tile] = [int(s) for s in lists[kind, program, tile, :count]]
+    if not map_too:
+        return Index(found[0], found[1])
+    with interpreter(on_cpu):
+        live, _, _ = module._tile_index(
+            inputs, params, sizes, out, lse, query_tiles, bm, bn, live_map=True
+        )
+    expected = np.zeros((counts.shape[1], query_tiles, key_tiles), dtype=np.int8)
+    for kind in (0, 1):
+        for (program, tile), starts in found[kind].items():
+            expected[program, tile, [s // bn for s in starts]] = kind + 1
+    np.testing.assert_array_equal(live.cpu().numpy(), expected)
     return Index(found[0], found[1])
 
 
@@ -404,7 +422,7 @@ def test_a_wrong_classification_is_caught(name: str) -> None:
     bm, bn = 128, 64
     expected, visible = expected_index(right, inputs, {}, bm, bn)
     assert build_index(right, inputs, {}, bm, bn) == expected
-    built = build_index(wrong, inputs, {}, bm, bn)
+    built = build_index(wrong, inputs, {}, bm, bn, map_too=False)
     assert built != expected, f"{name}: the index test missed it"
     with pytest.raises(AssertionError):
         assert_sound(built, visible, bm, bn)
@@ -430,3 +448,14 @@ def test_an_index_shared_across_sequences_is_caught() -> None:
     assert right_out.ok and right_lse.ok
     out_v, lse_v, _, _ = evaluate(wrong, inputs, {}, torch.float32)
     assert not (out_v.ok and lse_v.ok)
+
+
+def test_a_wrong_live_map_is_caught() -> None:
+    """The backward's map mode of the builder (2 full, 1 partial): partial tiles marked full
+    (which the backward would run without their masks) differ from the lists."""
+    right = compiled("document_mask", "fused")
+    wrong = mutant(right, "tl.where(live, 1, 0)", "tl.where(live, 2, 0)")
+    inputs = boundary_inputs(right)
+    build_index(right, inputs, {}, 128, 64)
+    with pytest.raises(AssertionError, match="Arrays are not equal"):
+        build_index(wrong, inputs, {}, 128, 64)
