@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [heuristic] [parts] [onepass] [gradients]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [heuristic] [parts] [onepass] [gradients]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -338,6 +338,21 @@ if has varlen; then
     # causal and full; rows are appended as each case finishes
     timeout "${VARLEN_TIMEOUT:-170}" python3 benchmarks/varlen_speed.py \
         --json "$OUT/varlen_speed_$gpu.jsonl" 2>&1 | tee "$OUT/varlen_speed_$gpu.txt"
+fi
+
+if has wide; then
+    # head dims past 128 on the CUDA target (docs/performance.md, "Head dims past 128"): full
+    # and causal at 256 and 192, and MLA's 192 / 128 (examples/mla_causal.attn), 16k tokens
+    # a batch, against FA2, cuDNN and Flex
+    shapes="4,16,4096,D;2,16,8192,D;1,16,16384,D"
+    for spec in fused causal; do
+        timeout 200 python3 -m attncc bench "examples/$spec.attn" --target cuda \
+            --shapes "${shapes//D/256};${shapes//D/192}" --against sdpa-flash,sdpa-cudnn,flex \
+            --json "$OUT/wide_head_dims_$gpu.jsonl" 2>&1 | tee -a "$OUT/wide_head_dims_$gpu.txt"
+    done
+    timeout 120 python3 -m attncc bench examples/mla_causal.attn --target cuda \
+        --shapes "${shapes//D/192:128}" --against sdpa-cudnn,flex \
+        --json "$OUT/wide_head_dims_$gpu.jsonl" 2>&1 | tee -a "$OUT/wide_head_dims_$gpu.txt"
 fi
 
 if has parts; then

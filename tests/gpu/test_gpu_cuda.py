@@ -66,6 +66,28 @@ def test_cuda_head_dims_and_dtypes(head_dim: int) -> None:
         assert (lse.double().cpu() - torch.from_numpy(exp_lse)).abs().max() < 1e-3
 
 
+@pytest.mark.parametrize(("head_dim", "value_dim"), [(192, 128), (128, 256), (160, 160)])
+def test_cuda_value_dims_of_their_own(head_dim: int, value_dim: int) -> None:
+    """examples/mla_causal.attn (MLA's 192 / 128) on the sm_90a kernel: past 128, head dims
+    pad to its 64-column blocks (160 runs as 192), each of Q/K's and V's apart."""
+    kernel = attncc.compile(EXAMPLE_DIR / "mla_causal.attn", target="cuda")
+    expected_fn = reference(kernel.spec)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for dtype in (torch.bfloat16, torch.float16):
+        q, k = (
+            torch.randn(2, 3, 300, head_dim, device="cuda", dtype=dtype, generator=gen)
+            for _ in "qk"
+        )
+        v = torch.randn(2, 3, 300, value_dim, device="cuda", dtype=dtype, generator=gen)
+        host = kernel._host
+        tensors, params = host._bind([q, k, v], {})
+        assert host._takes_wgmma(tensors, *host._check(tensors, params))
+        out = kernel(q, k, v)
+        expected = torch.from_numpy(expected_fn(q.cpu(), k.cpu(), v.cpu()))
+        assert out.shape == (2, 3, 300, value_dim)
+        assert (out.double().cpu() - expected).abs().max() < 3e-2, (dtype, head_dim, value_dim)
+
+
 @pytest.mark.parametrize("scale", [-0.2, 0.0, 0.09, 1.0])
 def test_cuda_prefill_scale_in_exp(scale: float) -> None:
     # without score modifications the prefill kernel keeps raw dot products and scales inside
