@@ -71,7 +71,7 @@ class Shape:
         return Shape(int(b), int(heads), kv_heads, int(s), int(head), int(value) if value else None)
 
     @property
-    def values(self) -> int:
+    def value_head_dim(self) -> int:
         """The value head dim: the head dim unless the shape names one."""
         return self.value_dim or self.head_dim
 
@@ -129,8 +129,8 @@ def sizes_for(kernel: ir.AttentionKernel, shape: Shape, page: int = 16) -> dict[
         sizes[kernel.query_axis.dim] = shape.seq
     sizes[kernel.head_axis.dim] = shape.head_dim
     if kernel.value_axis.dim != kernel.head_axis.dim:
-        sizes[kernel.value_axis.dim] = shape.values
-    elif shape.values != shape.head_dim:
+        sizes[kernel.value_axis.dim] = shape.value_head_dim
+    elif shape.value_head_dim != shape.head_dim:
         raise ValueError(
             f"shape {shape}: the spec's values have head dim {kernel.head_axis.dim} too, "
             "so they take no value dim of their own"
@@ -417,7 +417,7 @@ def bench_spec(
         fraction = visible_fraction(kernel.ir, sizes, params, inputs)
         rows_m = sizes[kernel.ir.query_axis.dim] if kernel.ir.query_axis else 1
         heads = math.prod(sizes[a.dim] for a in kernel.ir.batch_axes)
-        dims = shape.head_dim + shape.values  # S = Q K^T and O = P V
+        dims = shape.head_dim + shape.value_head_dim  # S = Q K^T and O = P V
         flops = 2 * heads * rows_m * sizes[kernel.ir.key_axis.dim] * dims * fraction
 
         if warm_only:
