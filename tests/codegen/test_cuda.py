@@ -179,6 +179,22 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
             "ATTNCC_DVP": 256,
         },
     ),
+    # head dim 192 unpadded: 24 chunks a row, copied 64 columns at a time (RowCopies)
+    "wgmma2-wide-bf16-192": (
+        "hopper",
+        {
+            "ATTNCC_WGMMA": 2,
+            "ATTNCC_M_TILES": 1,
+            "ATTNCC_WARPS": 8,
+            "ATTNCC_BLOCK_N": 64,
+            "ATTNCC_TMA": 0,
+            "ATTNCC_STAGES": 2,
+            "ATTNCC_Q_BUFFERS": 2,
+            "ATTNCC_PINGPONG": 0,
+            "ATTNCC_DP": 192,
+            "ATTNCC_DVP": 128,
+        },
+    ),
 }
 FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS if variant != "wgmma2-default"]
 FULL_COMPILE += [("paged_decode", "split-bf16-128")]
@@ -194,6 +210,7 @@ FULL_COMPILE += [
         "wgmma2-three-groups-bf16-64",
         "wgmma2-row-sums-bf16-64",
         "wgmma2-wide-bf16-256",
+        "wgmma2-wide-bf16-192",
     )
 ]
 # every example's every family in the front end: its default variant (and variant 1)
