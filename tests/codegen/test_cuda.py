@@ -453,8 +453,8 @@ def test_wgmma_copies_take_config_and_fall_back_to_cp_async(
 def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sm_90a tiles the host picks: two MMA groups with ping-pong, three on 192-row tiles
     for head dims up to 64 (their register budget holds only narrow outputs), with a tile
-    index too (each group reads its own tiles' bits); a config asking for three groups at
-    head dim 128 is refused by name."""
+    index too (each group reads its own tiles' bits), 128 x 64 tiles past head dim 128; a
+    config asking for three groups at head dim 128 is refused by name."""
     causal = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
     documents = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
     for module in (causal, documents):
@@ -473,6 +473,25 @@ def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch)
     )
     with pytest.raises(ValueError, match="12 with wgmma 2 and head dims up to 64"):
         causal._wgmma_tiles({"wgmma": 2, "num_warps": 12}, 128, 128, vec, None)
+    # past 128: two groups on 128 x 64 tiles without ping-pong; variant 1 stops at 128, and
+    # nothing takes head dims past 256
+    assert causal._wgmma_tiles(None, 256, 256, vec, None) == (2, 8, 64, 0)
+    assert causal._wgmma_tiles(None, 256, 128, vec, None) == (2, 8, 64, 0)
+    assert documents._wgmma_tiles(None, 192, 192, vec, None) == (2, 8, 64, 0)
+    with pytest.raises(ValueError, match="variant 1 takes head dims up to 128"):
+        causal._wgmma_tiles({"wgmma": 1, "num_warps": 8}, 256, 256, vec, None)
+    assert causal._wgmma_tiles(None, 320, 320, vec, None) is None
+    # variant 2 pads to its 64-column blocks: 192 stays 192 (the others' padding: 256)
+    assert [causal._wgmma_padded(d) for d in (40, 64, 96, 160, 192, 200, 256)] == [
+        64,
+        64,
+        128,
+        192,
+        192,
+        256,
+        256,
+    ]
+    assert causal._padded(160, "head dim") == 256
     with pytest.raises(ValueError, match="12 with wgmma 2"):
         causal._wgmma_tiles({"wgmma": 1, "num_warps": 12}, 64, 64, vec, None)
 
