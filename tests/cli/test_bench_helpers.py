@@ -415,3 +415,24 @@ def test_ab_random_documents_replace_the_ids_along_the_keys() -> None:
     lengths = torch.unique_consecutive(doc[0], return_counts=True)[1]
     assert bool((doc[0, 1:] >= doc[0, :-1]).all()) and int(lengths.max()) <= 127
     assert len(lengths) >= 4 and inputs["q"].shape == (1,)
+
+
+VARIANT_FILES = sorted((EXAMPLES.parent / "benchmarks" / "variants").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", VARIANT_FILES, ids=lambda p: p.stem)
+def test_variants_files_match_the_generated_source(path: Path) -> None:
+    """benchmarks/variants/<example>_<what>_<target>.json, the A/Bs kept for rerunning: every
+    replacement's text is in the example's generated source for that target (for CUDA, the
+    hopper family's source or the host module), so a file has not gone stale since the
+    templates changed, which ab.py would find only on the GPU."""
+    ab = _script("ab")
+    target = path.stem.rsplit("_", 1)[-1]
+    assert target in ("triton", "cuda"), f"{path.name}: name the target last"
+    specs = [p for p in EXAMPLES.glob("*.attn") if path.stem.startswith(p.stem + "_")]
+    assert specs, f"{path.name}: name the example first"
+    kernel = attncc.compile(max(specs, key=lambda p: len(p.stem)), target=target)
+    host = kernel.path.read_text()
+    cuda = kernel.module(False)._CUDA_SOURCES["hopper"] if target == "cuda" else ""
+    for name, replacements in ab.load_variants(str(path)).items():
+        ab.split_replacements(host, cuda, name, replacements)  # SystemExit names a stale one
