@@ -84,6 +84,29 @@ def test_paged_decode_passes_check(schedule: str | None) -> None:
     assert all(r.ok for r in results), table(results)
 
 
+PAGED_WINDOW = (
+    (EXAMPLES / "paged_decode.attn")
+    .read_text()
+    .replace("attention paged_decode", "attention paged_window")
+    .replace("param scale", "param window: i32 = 37\nparam scale")
+    .replace("mask n < cache_len[b]", "mask n < cache_len[b] and n >= cache_len[b] - window")
+)
+
+
+@pytest.mark.parametrize("schedule", [None, "fused"])
+def test_paged_window_carries_page_entries_across_its_loops(schedule: str | None) -> None:
+    """A window bounds the keys from below, so the kernels walk three loops (partial tiles,
+    the mask-free band, partial tiles) and each starts with the page-table entries the one
+    before prefetched: with windows and lengths off the tile grid, every loop's first tile
+    reads the right pages."""
+    assert "n >= cache_len[b] - window" in PAGED_WINDOW
+    kernel = attncc.compile(PAGED_WINDOW, schedule=schedule)
+    assert "the loop before loaded for its next" in kernel.source
+    for window in (37, 1, 100):
+        results = check(kernel, trials=4, seed=window, max_len=300, params={"window": window})
+        assert all(r.ok for r in results), table(results)
+
+
 def test_page_table_read_once_per_key_tile() -> None:
     # K and V of a tile share the page-table entries: one gathered load, named gather_0
     source = attncc.compile(EXAMPLES / "paged_decode.attn").source
