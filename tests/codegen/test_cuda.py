@@ -53,6 +53,19 @@ THREE_GROUPS_64 = {
     "ATTNCC_Q_BUFFERS": 2,
     "ATTNCC_PINGPONG": 1,
 }
+# variant 2's tiles at head dims past 128 (_WGMMA_TILES_WIDE), at 256
+WIDE_256 = {
+    "ATTNCC_WGMMA": 2,
+    "ATTNCC_M_TILES": 1,
+    "ATTNCC_WARPS": 8,
+    "ATTNCC_BLOCK_N": 64,
+    "ATTNCC_TMA": 1,
+    "ATTNCC_STAGES": 2,
+    "ATTNCC_Q_BUFFERS": 1,
+    "ATTNCC_PINGPONG": 0,
+    "ATTNCC_DP": 256,
+    "ATTNCC_DVP": 256,
+}
 # the variants the runtime picks (see templates/cuda/host.py.jinja): the kernel family's
 # source (codegen/cuda.py FAMILIES) and its ATTNCC_* macros
 VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
@@ -164,36 +177,12 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
         },
     ),
     # the default at head dims past 128: 128 x 64 tiles, one Q buffer, two stages
-    "wgmma2-wide-bf16-256": (
-        "hopper",
-        {
-            "ATTNCC_WGMMA": 2,
-            "ATTNCC_M_TILES": 1,
-            "ATTNCC_WARPS": 8,
-            "ATTNCC_BLOCK_N": 64,
-            "ATTNCC_TMA": 1,
-            "ATTNCC_STAGES": 2,
-            "ATTNCC_Q_BUFFERS": 1,
-            "ATTNCC_PINGPONG": 0,
-            "ATTNCC_DP": 256,
-            "ATTNCC_DVP": 256,
-        },
-    ),
-    # head dim 192 unpadded: 24 chunks a row, copied 64 columns at a time (RowCopies)
+    "wgmma2-wide-bf16-256": ("hopper", WIDE_256),
+    # head dim 192 unpadded: 24 chunks a row, copied 64 columns at a time (RowCopies), with
+    # cp.async and the two Q buffers 192 leaves room for
     "wgmma2-wide-bf16-192": (
         "hopper",
-        {
-            "ATTNCC_WGMMA": 2,
-            "ATTNCC_M_TILES": 1,
-            "ATTNCC_WARPS": 8,
-            "ATTNCC_BLOCK_N": 64,
-            "ATTNCC_TMA": 0,
-            "ATTNCC_STAGES": 2,
-            "ATTNCC_Q_BUFFERS": 2,
-            "ATTNCC_PINGPONG": 0,
-            "ATTNCC_DP": 192,
-            "ATTNCC_DVP": 128,
-        },
+        {**WIDE_256, "ATTNCC_TMA": 0, "ATTNCC_Q_BUFFERS": 2, "ATTNCC_DP": 192, "ATTNCC_DVP": 128},
     ),
 }
 FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS if variant != "wgmma2-default"]
