@@ -178,7 +178,10 @@ def quantize(
     Per block, CUDA tensors (and CPU tensors while ``TRITON_INTERPRET=1``) go through one
     Triton kernel per tensor that reads it once (templates/triton/fp8_quantize.py.jinja);
     its numbers are ``quantize_torch``'s, bit for bit without the rotation, and with it up
-    to the order of the rotation's float32 sums. The FP8 tensors it returns are contiguous.
+    to the order of the rotation's float32 sums. The FP8 q and k it returns are contiguous;
+    v is key-major (a ``[..., N, Dv]`` view of ``[..., Dv, N]`` storage): FP8 tensor cores
+    take P·V's second operand with its reduction axis (the keys) contiguous, and kernels
+    given a row-major v multiply P·V in bfloat16 instead.
     Per tensor, float64 inputs and blocks too large for one program's registers (padded
     rows x head dim > 32768) take the torch path.
     """
@@ -210,20 +213,32 @@ def _quantize(
     block_m, block_n = block if block is not None else (None, None)
     q8, q_descale = _quantize_tensor(q, block_m, hadamard, kernel)
     k8, k_descale = _quantize_tensor(k, block_n, hadamard, kernel)
-    v8, v_descale = _quantize_tensor(v, block_n, False, kernel)
+    v8, v_descale = _quantize_tensor(v, block_n, False, kernel, key_major=True)
     return Fp8Inputs(
         q8, k8, v8, q_descale, k_descale, v_descale, Fp8Scheme(block_m, block_n, hadamard)
     )
 
 
 def _quantize_tensor(
-    x: torch.Tensor, rows: int | None, rotate: bool, kernel: bool
+    x: torch.Tensor, rows: int | None, rotate: bool, kernel: bool, key_major: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if kernel and rows is not None and _kernel_takes(x, rows, rotate):
-        return _quantize_kernel(x, rows, rotate)
+        return _quantize_kernel(x, rows, rotate, key_major)
     if rotate:
         x = hadamard_transform(x.to(torch.float64 if x.dtype == torch.float64 else torch.float32))
-    return _quantize_one(x, rows)
+    x8, descale = _quantize_one(x, rows)
+    if key_major:
+        x8 = _empty_fp8(x8.shape, True, x8.device).copy_(x8)
+    return x8, descale
+
+
+def _empty_fp8(shape: torch.Size, key_major: bool, device: torch.device) -> torch.Tensor:
+    """An FP8 tensor of ``shape [..., S, D]``: contiguous, or key-major (a view of
+    ``[..., D, S]`` storage: stride 1 along S)."""
+    if not key_major:
+        return torch.empty(shape, dtype=FP8_DTYPE, device=device)
+    storage = torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=FP8_DTYPE, device=device)
+    return storage.transpose(-1, -2)
 
 
 # One program holds a whole block (padded rows x padded head dim) in registers, as float32:
@@ -285,8 +300,11 @@ def _hadamard_signs(d: int, d_pad: int, device: torch.device, dtype: torch.dtype
     return signs
 
 
-def _quantize_kernel(x: torch.Tensor, rows: int, rotate: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``_quantize_one`` (after the rotation, with ``rotate``) in one Triton launch."""
+def _quantize_kernel(
+    x: torch.Tensor, rows: int, rotate: bool, key_major: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_quantize_one`` (after the rotation, with ``rotate``) in one Triton launch, written
+    ``key_major`` or row-major (contiguous)."""
     x = x.detach()
     s, d = x.shape[-2], x.shape[-1]
     lead = tuple(x.shape[:-2])
@@ -295,7 +313,7 @@ def _quantize_kernel(x: torch.Tensor, rows: int, rotate: bool) -> tuple[torch.Te
     x4 = x.reshape(-1, *x.shape[-3:]) if len(lead) > 2 else x[(None,) * (2 - len(lead))]
     blocks = -(-s // rows)
     leads = x4.shape[0] * x4.shape[1]
-    out = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    out = _empty_fp8(x.shape, key_major, x.device)
     descale = torch.empty((*lead, blocks), dtype=torch.float32, device=x.device)
     block_pad, d_pad = _padded(rows), _padded(d)
     signs = _hadamard_signs(d, d_pad, x.device, x.dtype) if rotate else x4
@@ -320,6 +338,7 @@ def _quantize_kernel(x: torch.Tensor, rows: int, rotate: bool) -> tuple[torch.Te
             HADAMARD=rotate,
             # +-1 times float32 is exact only in IEEE float32 (TF32 keeps 10 mantissa bits)
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            KEY_MAJOR=key_major,
             num_warps=max(4, min(16, block_pad * d_pad // 2048)),
         )
     return out, descale

@@ -1,19 +1,23 @@
 """FP8 attention's speed on the GPU: the FP8 kernel against bf16, and quantisation's cost.
 
-Times, on one shape (``B,H,S,D``, full attention), with ``triton.testing.do_bench`` medians
-(L2 cleared before each call), rounds alternating as in ``attncc.bench``:
+Times, on one shape (``B,H,S,D``), full attention and causal, with ``triton.testing.do_bench``
+medians (L2 cleared before each call), rounds alternating as in ``attncc.bench``:
 
-- ``bf16``: ``examples/fused.attn`` on bf16 q, k, v;
-- ``fp8``: ``examples/fp8_block.attn`` on ``attncc.fp8.quantize``'s output (block 128x128);
+- ``bf16``: ``examples/fused.attn`` (``causal.attn``) on bf16 q, k, v, the default target
+  (the CUDA kernels on an H100/H200), and ``bf16 triton`` the Triton target's;
+- ``fp8``: ``examples/fp8_block.attn`` (with ``mask m >= n`` for causal) on
+  ``attncc.fp8.quantize``'s output (block 128x128: v key-major, P·V in FP8);
 - ``quantize`` and ``quantize+H``: ``attncc.fp8.quantize(q, k, v, block=(128, 128))`` without
   and with the Hadamard rotation (one Triton kernel per tensor), from bf16 inputs;
 - ``quantize (torch)`` and ``quantize+H (torch)``: the same through ``attncc.fp8.quantize_torch``
   (torch eager ops), for comparison;
 
 and prints fp8's speedup over bf16 (issue target >= 1.5x) and quantisation's time as a share
-of the FP8 kernel's (target <= 10% at 8k). Needs a CUDA GPU.
+of the FP8 kernel's (target <= 10% at 8k). ``--configs`` also times the FP8 kernels at each
+launch configuration given (the heuristic table's sweep). Needs a CUDA GPU.
 
     python3 benchmarks/fp8_speed.py [--shape 1,16,8192,128] [--rounds 3]
+        [--configs "BLOCK_M,BLOCK_N,num_warps,num_stages;..."]
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--shape", default="1,16,8192,128", help="B,H,S,D")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--configs", help='"BLOCK_M,BLOCK_N,num_warps,num_stages;..." (FP8 only)')
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("fp8_speed.py needs a CUDA GPU", file=sys.stderr)
@@ -64,35 +69,80 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16)
         for _ in range(3)
     )
-    bf16 = attncc.compile(EXAMPLES / "fused.attn", target="triton")
-    fp8 = attncc.compile(EXAMPLES / "fp8_block.attn")
+    fp8_text = (EXAMPLES / "fp8_block.attn").read_text()
+    kernels = {
+        "bf16": attncc.compile(EXAMPLES / "fused.attn"),
+        "bf16 triton": attncc.compile(EXAMPLES / "fused.attn", target="triton"),
+        "fp8": attncc.compile(fp8_text),
+        "bf16 causal": attncc.compile(EXAMPLES / "causal.attn"),
+        "bf16 triton causal": attncc.compile(EXAMPLES / "causal.attn", target="triton"),
+        "fp8 causal": attncc.compile(causal_fp8(fp8_text)),
+    }
     x = quantize(q, k, v, block=BLOCK)
     fp8_args = (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
-    times = time_rounds(
-        {
-            "bf16": lambda: bf16(q, k, v),
-            "fp8": lambda: fp8(*fp8_args, block_m=BLOCK[0], block_n=BLOCK[1]),
-            "quantize": lambda: quantize(q, k, v, block=BLOCK),
-            "quantize+H": lambda: quantize(q, k, v, block=BLOCK, hadamard=True),
-            "quantize (torch)": lambda: quantize_torch(q, k, v, block=BLOCK),
-            "quantize+H (torch)": lambda: quantize_torch(q, k, v, block=BLOCK, hadamard=True),
-        },
-        args.rounds,
-    )
+    blocks = {"block_m": BLOCK[0], "block_n": BLOCK[1]}
+    calls: dict[str, Callable[[], object]] = {}
+    for key, kernel in kernels.items():
+        if key.startswith("fp8"):
+            calls[key] = lambda f=kernel: f(*fp8_args, **blocks)
+        else:
+            calls[key] = lambda f=kernel: f(q, k, v)
+    for text in filter(None, (args.configs or "").split(";")):
+        bm, bn, warps, stages = (int(t) for t in text.split(","))
+        config = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "tma": 1}
+        for key in ("fp8", "fp8 causal"):
+            calls[f"{key} {bm}x{bn} w{warps} s{stages}"] = pinned(
+                kernels[key], fp8_args, blocks, config
+            )
+    calls |= {
+        "quantize": lambda: quantize(q, k, v, block=BLOCK),
+        "quantize+H": lambda: quantize(q, k, v, block=BLOCK, hadamard=True),
+        "quantize (torch)": lambda: quantize_torch(q, k, v, block=BLOCK),
+        "quantize+H (torch)": lambda: quantize_torch(q, k, v, block=BLOCK, hadamard=True),
+    }
+    times = time_rounds(calls, args.rounds)
     name = torch.cuda.get_device_name()
     print(f"{name}, torch {torch.__version__}, triton {triton.__version__}, shape {args.shape}")
+    for key, launch in (("fp8", kernels["fp8"]), ("fp8 causal", kernels["fp8 causal"])):
+        print(f"{key} launch configuration: {launch.launch_config(*fp8_args, **blocks)}")
     for key, ms in times.items():
-        rate = f"{flops(b, h, s, d) / ms / 1e9:.0f} TFLOP/s" if key in ("bf16", "fp8") else ""
-        print(f"{key:<18} {ms * 1e3:9.1f} us  {rate}")
-    speedup = times["bf16"] / times["fp8"]
+        work = flops(b, h, s, d) / (2 if "causal" in key else 1)
+        rate = f"{work / ms / 1e9:.0f} TFLOP/s" if not key.startswith("quantize") else ""
+        print(f"{key:<28} {ms * 1e3:9.1f} us  {rate}")
+    for mask in ("", " causal"):
+        fp8_ms = times[f"fp8{mask}"]
+        print(
+            f"fp8{mask} / bf16{mask}: {times[f'bf16{mask}'] / fp8_ms:.2f}x (target >= 1.5x), "
+            f"/ bf16 triton{mask}: {times[f'bf16 triton{mask}'] / fp8_ms:.2f}x"
+        )
     share = times["quantize"] / times["fp8"]
     share_h = times["quantize+H"] / times["fp8"]
-    print(f"fp8 / bf16 speedup: {speedup:.2f}x (target >= 1.5x)")
     print(f"quantize: {share:.0%} of the fp8 kernel, with Hadamard {share_h:.0%} (target <= 10%)")
     torch_share = times["quantize (torch)"] / times["fp8"]
     torch_share_h = times["quantize+H (torch)"] / times["fp8"]
     print(f"quantize (torch): {torch_share:.0%}, with Hadamard {torch_share_h:.0%}")
     return 0
+
+
+def causal_fp8(text: str) -> str:
+    """The FP8 example with a causal mask."""
+    causal = text.replace("p = softmax(s, n)", "mask m >= n\np = softmax(s, n)")
+    assert causal != text
+    return causal
+
+
+def pinned(
+    kernel: attncc.Kernel,
+    args: tuple[torch.Tensor, ...],
+    params: dict[str, int],
+    config: dict[str, int],
+) -> Callable[[], object]:
+    """A call of ``kernel``'s module at the launch configuration ``config``."""
+    module = kernel.module(interpreted=False)
+    tensors, bound = module._bind(list(args), params)
+    sizes = module._check(tensors, bound)[0]
+    full = {**kernel.param_defaults(sizes), **bound}
+    return lambda: module._forward(tensors, full, False, config)
 
 
 if __name__ == "__main__":

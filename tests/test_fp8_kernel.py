@@ -23,10 +23,12 @@ def kernel_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     kernel's. quantize_torch, called outside, is unaffected."""
     torch_path = attncc.fp8._quantize_tensor
 
-    def no_torch(x: torch.Tensor, rows: int | None, rotate: bool, kernel: bool):  # type: ignore[no-untyped-def]
+    def no_torch(  # type: ignore[no-untyped-def]
+        x: torch.Tensor, rows: int | None, rotate: bool, kernel: bool, key_major: bool = False
+    ):
         if kernel:
             assert rows is not None and attncc.fp8._kernel_takes(x, rows, rotate)
-        return torch_path(x, rows, rotate, kernel)
+        return torch_path(x, rows, rotate, kernel, key_major)
 
     monkeypatch.setattr(attncc.fp8, "_quantize_tensor", no_torch)
     yield

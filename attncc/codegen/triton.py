@@ -147,6 +147,10 @@ class _Context:
         tma = self.descriptor(operand, parts, env)
         return {
             **tma,
+            # the axis a plain key subscript steps along (None: keys read through a gather)
+            "key_axis": next((p.axis for p in parts if p.kind == "key"), None)
+            if linear is not None
+            else None,
             "base": " + ".join(base) or "0",
             "col": col_stride,
             # K tiles are [head dim, keys]; V tiles [keys, head dim]
@@ -183,7 +187,18 @@ class _Context:
                 value = part.var if part.kind == "replaced" else cx.triton_expr(part.sub, env)
                 coords.append(f"({value}).to(tl.int32)")
                 box.append("1")
-        return {"tma": True, "coords": ", ".join(coords), "box": ", ".join(box)}
+        # the same tile through a key-major tensor (the key axis and the last one swapped)
+        where = [p.kind for p in parts].index("key")
+        coords_t, box_t = list(coords), list(box)
+        coords_t[where], coords_t[-1] = coords[-1], coords[where]
+        box_t[where], box_t[-1] = box[-1], box[where]
+        return {
+            "tma": True,
+            "coords": ", ".join(coords),
+            "box": ", ".join(box),
+            "coords_key_major": ", ".join(coords_t),
+            "box_key_major": ", ".join(box_t),
+        }
 
     def gathered_reads(self) -> tuple[ir.Load, ...]:
         """Tensor reads in the key and value subscripts that depend on the key index (a paged
@@ -320,17 +335,37 @@ class _Context:
         k_parts: dict[str, Any],
         v_parts: dict[str, Any],
         descriptors: bool = False,
+        key_blocks: bool = False,
     ) -> dict[str, Any]:
         """The key loop's values (attend.py.jinja) for index variables as in ``env``;
-        ``descriptors``: the kernel may load K and V tiles through TMA descriptors."""
+        ``descriptors``: the kernel may load K and V tiles through TMA descriptors;
+        ``key_blocks``: its tiles start at multiples of BLOCK_N, and it has the
+        KEY_BLOCKS_ALIGNED and FP8_PV switches (``key_blocks``)."""
         mask_plan = self.k.mask_plan
         assert mask_plan is not None
+        blocks = self.key_blocks() if key_blocks else {}
+        env = replace(env, named={**env.named, **blocks})
         masks = [cx.triton_expr(m, env) for m in self.k.masks]
         residual = [cx.triton_expr(m, env) for m in mask_plan.residual]
+        key_var = cx.index_var(self.key)
+        block_lines = [
+            f"{name} = (start_n // {cx.triton_expr(block.right, env)}) if KEY_BLOCKS_ALIGNED "
+            f"else ({key_var} // {cx.triton_expr(block.right, env)})"
+            for block, name in blocks.items()
+            if isinstance(block, ir.BinOp)
+        ]
+        scale = self.k.value_scale
         return {
             "tma": descriptors and k_parts["tma"] and v_parts["tma"],
             "k_coords": k_parts["coords"],
             "v_coords": v_parts["coords"],
+            "v_coords_key_major": v_parts.get("coords_key_major", ""),
+            "block_lines": block_lines,
+            # P meets V in FP8 where the kernel may take the value scale a tile at a time
+            "fp8_pv": self.k.fp8
+            and key_blocks
+            and v_parts["key_axis"] is not None
+            and (scale is None or not _reads_index_outside(scale, self.key, blocks)),
             "key_var": cx.index_var(self.k.key_axis.index),
             "key_dim": cx.safe_name(self.k.key_axis.dim),
             "k_tile": k_parts["k_tile"],
@@ -339,7 +374,7 @@ class _Context:
             "has_gathers": bool(self.gathered),
             "gather_take": [f"gather_{i} = gather_next_{i}" for i in range(len(self.gathered))],
             "gather_prefetch": self.gather_lines(env, "offs_next", "gather_next_"),
-            "score_lines": self.score_lines(env)[1],
+            "score_lines": self.score_lines(env, hoist=key_blocks)[1],
             "mask_all": _and(masks) or "True",
             "residual_mask": _and(residual),
             "bounded_keys": plan.bounds_read_tensors(mask_plan),
@@ -353,14 +388,57 @@ class _Context:
             "spec": self.spec_lines,
         }
 
-    def score_lines(self, env: cx.TritonEnv | None = None) -> tuple[list[str], list[str]]:
+    def key_blocks(self) -> dict[ir.Expr, str]:
+        """The key loop's block indices ``n / B`` (the key index over a positive int param or
+        literal: ``k_descale[b, h, n / block_n]``), each named ``key_block_<i>``. Where every
+        B is a multiple of BLOCK_N (the host's KEY_BLOCKS_ALIGNED), a tile's keys share one
+        block, and the kernel reads one value a tile: per key, the integer division and the
+        load cost each thread one of each per key it holds."""
+        exprs = [*self.k.score_mods, *self.k.masks]
+        if self.k.value_scale is not None:
+            exprs.append(self.k.value_scale)
+        found: dict[ir.Expr, str] = {}
+        for expr in exprs:
+            for e in subexprs(expr):
+                if _key_block(e, self.key) and e not in found:
+                    found[e] = f"key_block_{len(found)}"
+        return found
+
+    def key_blocks_aligned(self) -> str:
+        """Host expression: whether every key block's size is a positive multiple of the key
+        tile (``block_n``, the launch's BLOCK_N); "True" without key blocks."""
+        sizes = [
+            cx.host_expr(e.right, dims="sizes", params="params")
+            for e in self.key_blocks()
+            if isinstance(e, ir.BinOp)
+        ]
+        return " and ".join(f"({b}) > 0 and ({b}) % block_n == 0" for b in sizes) or "True"
+
+    def score_lines(
+        self, env: cx.TritonEnv | None = None, hoist: bool = False
+    ) -> tuple[list[str], list[str]]:
+        """(prologue, loop) lines: ``qk_scale`` before the key loop, then qk to s2 a tile.
+
+        Leading score mods that multiply the score by factors (``s = s * q_descale[b, h, m /
+        block_m] * k_descale[b, h, n / block_n]``) fold into one multiply per score, beside
+        the scale and log2(e): as separate lines they cost a multiply each per score, which
+        the FP8 kernel, at half the MMA time, has no issue slots for. ``hoist``: factors that
+        do not read the key index are computed once, before the loop (the kernel defines the
+        query index there), not a tile."""
         env = env or self.env()
         scale = cx.triton_expr(self.k.score_scale, env)
-        if not self.k.score_mods:
+        factors, mods = _score_factors(self.k.score_mods)
+        hoisted = [f for f in factors if hoist and self.key not in indices_of(f)]
+        per_tile = [f"({cx.triton_expr(f, env)})" for f in factors if f not in hoisted]
+        if hoisted:
+            scale = " * ".join([f"({scale})", *(f"({cx.triton_expr(f, env)})" for f in hoisted)])
+        # a row's or a tile's factors multiply first: one multiply per score after them
+        tile_scale = f"({' * '.join(['qk_scale', *per_tile])})" if per_tile else "qk_scale"
+        if not mods:
             # log2(e) folds into the scale: one multiply per score
-            return [f"qk_scale = ({scale}) * {LOG2E!r}"], ["s2 = qk * qk_scale"]
-        lines = ["s = qk * qk_scale"]
-        lines += [f"s = {cx.triton_expr(mod, env)}" for mod in self.k.score_mods]
+            return [f"qk_scale = ({scale}) * {LOG2E!r}"], [f"s2 = qk * {tile_scale}"]
+        lines = [f"s = qk * {tile_scale}"]
+        lines += [f"s = {cx.triton_expr(mod, env)}" for mod in mods]
         lines.append(f"s2 = s * {LOG2E!r}")
         return [f"qk_scale = {scale}"], lines
 
@@ -548,7 +626,7 @@ class _Context:
     def fused(self) -> dict[str, Any]:
         k = self.k
         assert k.tiling is not None and k.mask_plan is not None
-        prologue, _ = self.score_lines()
+        prologue, _ = self.score_lines(hoist=True)
         scalars = self.env(vector=False)
         k_parts = self.kv_operand(k.key, k.head_axis.index, scalars)
         v_parts = self.kv_operand(k.value, k.value_axis.index, scalars)
@@ -558,6 +636,7 @@ class _Context:
         args = plan.launch_args(k)
         o, lse = self.output()
         env = self.env()
+        loop = self.loop(env, k_parts, v_parts, descriptors=True, key_blocks=True)
         query = k.query_axis
         batch_programs = " * ".join(f"sizes[{a.dim!r}]" for a in k.batch_axes) or "1"
         return {
@@ -594,7 +673,11 @@ class _Context:
             "o": o,
             "lse": lse,
             "prologue_lines": prologue,
-            "loop": self.loop(env, k_parts, v_parts, descriptors=True),
+            "loop": loop,
+            "key_blocks_aligned": (
+                self.key_blocks_aligned() if loop["block_lines"] or loop["fp8_pv"] else None
+            ),
+            "uses_fp8_pv": bool(loop["fp8_pv"] and loop["tma"]),
             "tile_index": tile_index,
             # without a lower bound no key tile precedes the mask-free band
             "bounds": {**self.bounds(), "lower_bounded": bool(k.mask_plan.lower)},
@@ -625,6 +708,62 @@ class _Context:
             ),
             **self.host_tables(),
         }
+
+
+def _score_factors(mods: tuple[ir.Expr, ...]) -> tuple[list[ir.Expr], tuple[ir.Expr, ...]]:
+    """The factors of the leading score mods that only multiply the score (a product with
+    the score once among its leaves, ``s * a * b``), and the mods after them."""
+    factors: list[ir.Expr] = []
+    for i, mod in enumerate(mods):
+        leaves = _product_leaves(mod)
+        if leaves is None or sum(isinstance(leaf, ir.Score) for leaf in leaves) != 1:
+            return factors, mods[i:]
+        rest = [leaf for leaf in leaves if not isinstance(leaf, ir.Score)]
+        if any(isinstance(e, ir.Score) for leaf in rest for e in subexprs(leaf)):
+            return factors, mods[i:]
+        factors += rest
+    return factors, ()
+
+
+def _product_leaves(expr: ir.Expr) -> list[ir.Expr] | None:
+    """The operands of a float product tree (None where ``expr`` is not a product)."""
+    if not (isinstance(expr, ir.BinOp) and expr.op == "*" and expr.type == "float"):
+        return None
+    leaves = []
+    for side in (expr.left, expr.right):
+        inner = _product_leaves(side)
+        leaves += inner if inner is not None else [side]
+    return leaves
+
+
+def _key_block(expr: ir.Expr, key: str) -> bool:
+    """``key / B``, B a positive int literal or an int param (its sign checked on the host)."""
+    if not (isinstance(expr, ir.BinOp) and expr.op == "/" and expr.type == "int"):
+        return False
+    if expr.left != ir.Index(key):
+        return False
+    match expr.right:
+        case ir.Param(type="int"):
+            return True
+        case ir.Const(value=value, type="int"):
+            return not isinstance(value, bool) and int(value) > 0
+    return False
+
+
+def _reads_index_outside(expr: ir.Expr, index: str, named: dict[ir.Expr, str]) -> bool:
+    """Whether ``expr`` reads ``index`` other than through the ``named`` subexpressions."""
+    if expr in named:
+        return False
+    match expr:
+        case ir.Index(name=name):
+            return name == index
+        case ir.Load(indices=children) | ir.Call(args=children):
+            return any(_reads_index_outside(c, index, named) for c in children)
+        case ir.Unary(operand=x):
+            return _reads_index_outside(x, index, named)
+        case ir.BinOp(left=a, right=b):
+            return _reads_index_outside(a, index, named) or _reads_index_outside(b, index, named)
+    return False
 
 
 def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:

@@ -25,7 +25,9 @@ from attncc.passes.tiling import PREFILL_RULES, SINGLE_QUERY_RULES
 
 ARCHS = ("sm90", "sm80", "other", "cpu")
 SCHEDULES = ("fused", "split_kv", "split_kv_paged", "naive")
-DTYPES = ("float16", "bfloat16", "float32")
+# the inputs' dtype (an FP8 kernel's calls output bfloat16: keyed by their e4m3 inputs)
+DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn")
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
 # upper bounds of the buckets (the last takes anything larger)
 HEAD_DIM_BUCKETS = (64, 128, 256)
 LENGTH_BUCKETS = (1024, 8192, 1 << 31)
@@ -82,6 +84,16 @@ _SM90_16BIT: tuple[tuple[str, int, int, Entry], ...] = (
     ("split_kv_paged", 256, 0, Entry(TileConfig(16, 32, 4, 3), 2)),
     # Naive kernels were never tuned: the fused tile without TMA (which they do not use).
     ("naive", 256, 0, Entry(TileConfig(64, 64, 4, 3))),
+)
+
+
+# sm_90, FP8 inputs: where they differ from the 16-bit rows (others were never measured).
+_SM90_FP8: tuple[tuple[str, int, int, Entry], ...] = (
+    # Full attention at 1,16,8192,128 (H200, FP8 P·V, build-time sweep of the FP8 kernel,
+    # docs/performance.md "FP8 speed"): 64x128 w4 s3 757.8 us, 128x128 w8 s3 774.9,
+    # 128x64 w4 s3 793.3, 64x64 w4 s4 848.2; 64x64 w4 s3 (the 16-bit row) ran 2830 us
+    # when P·V was bfloat16.
+    ("fused", 128, 0, Entry(TileConfig(64, 128, 4, 3, tma=True))),
 )
 
 
@@ -143,10 +155,10 @@ def _build() -> dict[Key, Entry]:
                         if arch == "cpu":
                             table[arch, schedule, d, dtype, n] = _cpu_entry(schedule, d)
                             continue
-                        entry = _rule(_SM90_16BIT, schedule, d, n)
+                        rows = _SM90_FP8 + _SM90_16BIT if dtype == "float8_e4m3fn" else _SM90_16BIT
+                        entry = _rule(rows, schedule, d, n)
                         tile = entry.tile if arch == "sm90" else replace(entry.tile, tma=False)
-                        itemsize = 4 if dtype == "float32" else 2
-                        tile = fit(tile, d, d, itemsize, SHARED_MEMORY[arch])
+                        tile = fit(tile, d, d, ITEMSIZE[dtype], SHARED_MEMORY[arch])
                         table[arch, schedule, d, dtype, n] = replace(entry, tile=tile)
     return table
 
@@ -199,7 +211,7 @@ def key_for(
         arch_of(device),
         schedule_of(kernel, sizes),
         bucket(head_dim, HEAD_DIM_BUCKETS),
-        str(dtype).removeprefix("torch."),
+        "float8_e4m3fn" if kernel.fp8 else str(dtype).removeprefix("torch."),
         bucket(sizes[kernel.key_axis.dim], LENGTH_BUCKETS),
     )
 
@@ -209,7 +221,8 @@ def config_for(
 ) -> dict[str, Any]:
     """The table's launch configuration for a call, fitted to this GPU's shared memory at the
     call's head dims (a head dim past the last bucket, a GPU with less than its family's)."""
-    entry = TABLE[key_for(kernel, sizes, dtype, device)]
+    key = key_for(kernel, sizes, dtype, device)
+    entry = TABLE[key]
     tile = entry.tile
     if kernel.tile_index is not None:  # K/V tiles listed by the tile index: pointer loads
         tile = replace(tile, tma=False)
@@ -217,7 +230,7 @@ def config_for(
         tile,
         sizes[kernel.head_axis.dim],
         sizes[kernel.value_axis.dim],
-        dtype.itemsize,
+        ITEMSIZE.get(key[3], dtype.itemsize),
         shared_memory(device),
     )
     return replace(entry, tile=tile).launch()

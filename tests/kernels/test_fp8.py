@@ -12,7 +12,7 @@ import torch
 
 import attncc
 from attncc.checking import check, table
-from attncc.fp8 import emulate_attention, quantize
+from attncc.fp8 import Fp8Inputs, emulate_attention, quantize
 from attncc.reference import reference, round_to
 from attncc.spec import SpecError
 
@@ -174,3 +174,102 @@ def test_check_sizes_descale_tables_for_any_drawn_block() -> None:
     for seed in range(20):
         sizes = draw_sizes(kernel, np.random.default_rng(seed), max_len=96)
         assert sizes["MB"] >= sizes["M"] and sizes["NB"] >= sizes["N"], sizes
+
+
+def _fp8_args(x: Fp8Inputs, v: torch.Tensor | None = None) -> list[torch.Tensor]:
+    v8 = x.v if v is None else v
+    return [t.to(DEVICE) for t in (x.q, x.k, v8, x.q_descale, x.k_descale, x.v_descale)]
+
+
+def _rmse(out: torch.Tensor, exact: torch.Tensor) -> float:
+    return (out.cpu().double() - exact).pow(2).mean().sqrt().item()
+
+
+@pytest.mark.parametrize("block_n", [64, 128, 32])
+def test_fp8_pv_path_matches_the_emulation(block_n: int) -> None:
+    """quantize's key-major v with key blocks a multiple of the key tile (64 keys at D=64):
+    P meets V in FP8 (FP8_PV), with the error of the emulated FP8 kernel (which rounds P to
+    e4m3 too); blocks of 32 keys split a tile, and P·V stays bfloat16. A row-major copy of
+    v always takes bfloat16: the two outputs differ exactly where the FP8 path ran."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, s, 64, generator=gen) for s in (150, 260, 260))
+    x = quantize(q, k, v, block=(64, block_n))
+    assert x.v.stride(-2) == 1  # key-major
+    kernel = compiled("fp8_block", "fused")
+    key_major = kernel(*_fp8_args(x), block_m=64, block_n=block_n)
+    row_major = kernel(*_fp8_args(x, x.v.contiguous()), block_m=64, block_n=block_n)
+    exact = attention64(q, k, v)
+    emulated = _rmse(emulate_attention(x), exact)
+    assert _rmse(key_major, exact) <= 1.1 * emulated, (_rmse(key_major, exact), emulated)
+    assert _rmse(row_major, exact) <= 1.1 * emulated
+    fp8_pv = block_n % 64 == 0
+    assert torch.equal(key_major, row_major) is not fp8_pv
+
+
+def test_fp8_pv_zero_value_scale_adds_nothing() -> None:
+    """A key block whose value descale is 0 contributes nothing to P·V (the FP8 path folds
+    the scale into the accumulator's rescale, dividing by it where it is not 0) and still
+    counts in the normaliser."""
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, s, 64, generator=gen) for s in (130, 256, 256))
+    x = quantize(q, k, v, block=(64, 64))
+    zeroed = dataclasses.replace(x, v_descale=x.v_descale.clone())
+    zeroed.v_descale[:, :, 1] = 0.0
+    zeroed.v_descale[:, 1, 0] = 0.0  # the first tile of a head: nothing to keep yet
+    out = compiled("fp8_block", "fused")(*_fp8_args(zeroed), block_m=64, block_n=64)
+    assert torch.isfinite(out).all()
+    emulated = emulate_attention(zeroed).double()
+    exact = attention64(
+        q, k, v * zeroed.v_descale.repeat_interleave(64, -1)[..., None].bool().double()
+    )
+    assert _rmse(out, exact) <= 1.1 * _rmse(emulated, exact)
+
+
+@pytest.mark.parametrize("block", [64, 128, 96])
+def test_key_block_reads_per_tile_and_per_key(block: int) -> None:
+    """A bias read by key blocks, ``n / block``: one value a tile where ``block`` is a
+    multiple of the key tile (64 keys at D=64; KEY_BLOCKS_ALIGNED), one a key otherwise."""
+    text = (
+        example_path("fused")
+        .read_text()
+        .replace("in    v[B, H, N, D]\n", "in    v[B, H, N, D]\nin    bias[H, NB]: f32\n")
+        .replace("dims  B, H, M, N, D", "dims  B, H, M, N, D, NB")
+        .replace("param scale", "param blk: i32 = 64\nparam scale")
+    )
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("s[b, h, m, n]"))
+    lines.insert(at + 1, "s = s + bias[h, n / blk]")
+    text = "\n".join(lines) + "\n"
+    kernel = attncc.compile(text)
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(2, 2, s, 64, generator=gen, dtype=torch.float32) for s in (70, 300, 300))
+    bias = torch.randn(2, -(-300 // block), generator=gen)
+    out = kernel(*(t.to(DEVICE) for t in (q, k, v, bias)), blk=block)
+    scores = q.double() @ k.double().transpose(-1, -2) / 8.0
+    scores = scores + bias.double().repeat_interleave(block, -1)[None, :, None, :300]
+    exact = torch.softmax(scores, -1) @ v.double()
+    assert (out.cpu().double() - exact).abs().max().item() < 1e-4
+
+
+def test_interpreter_rounds_float32_to_e4m3_as_gpus() -> None:
+    """Generated modules patch the interpreter's float32 -> e4m3 cast, which dropped a
+    rounded-up mantissa's carry (0.123 became 0.0625, not 0.125)."""
+    if DEVICE != "cpu":
+        pytest.skip("the interpreter's cast; GPUs convert in hardware")
+    import triton
+    import triton.language as tl
+
+    from attncc.runtime.jit import interpreter
+
+    compiled("fp8_block", "fused")  # a generated module's import patches the interpreter
+    x = torch.tensor([0.123, 0.001, 0.97, 300.0, 500.0, -0.0312, 1e-4, 2.5])
+    y = torch.empty(8, dtype=torch.float8_e4m3fn)
+    with interpreter(True):
+
+        @triton.jit
+        def to_e4m3(x_ptr, y_ptr, n: tl.constexpr):  # type: ignore[no-untyped-def]
+            offs = tl.arange(0, n)
+            tl.store(y_ptr + offs, tl.load(x_ptr + offs).to(tl.float8e4nv))
+
+        to_e4m3[(1,)](x, y, n=8)
+    assert torch.equal(y.float(), x.clamp(-448, 448).to(torch.float8_e4m3fn).float())

@@ -50,8 +50,7 @@ def test_every_entry_is_a_valid_configuration_for_its_schedule(
     assert (entry.waves >= 1) if split else (entry.waves == 0)
     if split:
         assert tile.block_m == 16  # the host sizes the split kernels' rows itself
-    itemsize = 4 if dtype == "float32" else 2
-    used = heuristics.estimate_bytes(tile, head_dim, head_dim, itemsize)
+    used = heuristics.estimate_bytes(tile, head_dim, head_dim, heuristics.ITEMSIZE[dtype])
     assert used <= SHARED_MEMORY[arch]
     config = entry.launch()
     assert ("waves" in config) == split and config["tma"] == int(tile.tma)
@@ -116,3 +115,15 @@ def test_the_lookup_drops_tma_under_a_tile_index_and_fits_large_head_dims() -> N
         TABLE["sm90", "fused", 256, "bfloat16", 1024].tile, 1024, 1024, 2, 227 * 1024
     )
     assert heuristics.estimate_bytes(tile, 1024, 1024, 2) <= 227 * 1024
+
+
+def test_fp8_kernels_take_their_own_rows() -> None:
+    """An FP8 kernel's calls output bfloat16; the table keys them by their e4m3 inputs, whose
+    tiles take half the shared memory (FP8 P·V wants wider key tiles than bfloat16)."""
+    fp8 = attncc.compile(EXAMPLES / "fp8_block.attn").ir
+    sizes = {"B": 1, "H": 2, "M": 4096, "N": 4096, "D": 128, "MB": 32, "NB": 32}
+    key = heuristics.key_for(fp8, sizes, torch.bfloat16, CPU)
+    assert key[3] == "float8_e4m3fn"
+    fp8_tile = TABLE["sm90", "fused", 128, "float8_e4m3fn", 8192].tile
+    assert fp8_tile != TABLE["sm90", "fused", 128, "bfloat16", 8192].tile
+    assert (fp8_tile.block_m, fp8_tile.block_n, fp8_tile.num_warps) == (64, 128, 4)

@@ -1,0 +1,49 @@
+"""The Triton key loop's per-score work: score mods that only multiply the score fold into one
+multiply (factors of the rows before the loop, of key blocks once a tile), and P meets V in
+FP8 behind the host's FP8_PV switch."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import attncc
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def source(text: str) -> str:
+    return attncc.compile(text, target="triton").source
+
+
+def loop_lines(src: str) -> list[str]:
+    """The generated fused kernel's lines between its first key loop and the output store."""
+    kernel = src[src.index("def _attncc_") :]
+    body = kernel[kernel.index("    for start_n in") : kernel.index("tl.store(")]
+    return body.splitlines()
+
+
+def test_descales_fold_into_one_multiply_per_score() -> None:
+    src = source((EXAMPLES / "fp8_block.attn").read_text())
+    # the query block's descale: once a program, beside the scale and log2(e)
+    assert re.search(r"qk_scale = \(\(p_scale\) \* \(tl\.load\(t_q_descale", src)
+    lines = loop_lines(src)
+    scores = [line.strip() for line in lines if line.strip().startswith("s2 = qk")]
+    assert scores and all(
+        s.startswith("s2 = qk * (qk_scale * (tl.load(t_k_descale") for s in scores
+    )
+    assert not any("t_q_descale" in line for line in lines)
+    # the key block's index: one a tile where blocks are multiples of the key tile
+    assert (
+        "key_block_0 = (start_n // p_block_n) if KEY_BLOCKS_ALIGNED else (i_n // p_block_n)" in src
+    )
+    assert "acc = tl.dot(p.to(tl.float8e4nv), v, acc" in src and "FP8_PV=fp8_pv" in src
+
+
+def test_a_mod_after_a_non_product_keeps_its_place() -> None:
+    """Only the leading product mods fold: a factor after tanh would change the result."""
+    text = (EXAMPLES / "softcap.attn").read_text()
+    src = source(text)
+    assert "s = qk * qk_scale" in src  # softcap's tanh(s / cap) * cap is not a product of s
+    plain = source((EXAMPLES / "causal.attn").read_text())
+    assert "s2 = qk * qk_scale" in plain and "KEY_BLOCKS_ALIGNED" not in plain
