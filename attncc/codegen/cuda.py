@@ -26,6 +26,7 @@ from attncc.codegen import cuda_exprs as cu
 from attncc.codegen import cuda_wgmma, host, plan, templating
 from attncc.codegen import exprs as cx
 from attncc.ir import nodes as ir
+from attncc.ir.verify import subexprs
 from attncc.passes.schedule import group_subscript
 from attncc.spec import ast
 from attncc.version import __version__
@@ -350,6 +351,7 @@ class _Context:
             values["key_outside"] += f" || {key} < lo || {key} >= hi"
         values["tile_index"] = self.tile_index(self.env(False))
         values["hoisted"] = None
+        values["keys_early"] = False
         # partial tiles test the row's key interval alone where every mask folded into it
         interval = None if k.score_mods else self.row_interval(self.env(False))
         values["partial_interval"] = None if k.mask_plan.residual else interval
@@ -359,6 +361,13 @@ class _Context:
             # whose full bit is set but which crosses the interval's bounds tests those alone
             values["mask_full"] = None
             values["hoisted"] = self.hoisted_sides(self.env(False))
+            # key sides that read memory (document ids) load before the K wait
+            # (prefill.cu.jinja's key_sides_early); plain key indices (varlen's bounds) stay
+            # where they are used: held across the MMAs they cost registers and hide nothing
+            assert k.tile_index is not None
+            values["keys_early"] = any(
+                isinstance(e, ir.Load) for sep in k.tile_index.masks for e in subexprs(sep.key)
+            )
             values["mask_bounds"] = self.bounds_mask(self.env(False))
             values["bounds_interval"] = interval
         return values
