@@ -7,7 +7,8 @@ on an H100 and over 200 s with a per-head input on an H200); ``attncc tune`` wri
 entries that later calls prefer (attncc.runtime.autotune).
 
 The 16-bit sm_90 rows are the tuner's picks from the sweeps and matrices already run (each
-row names its measurement). float32 rows, and the sm_80 / other rows, were never measured:
+row names its measurement), and the FP8 row at head dim 128 the best of an FP8 tile sweep;
+other FP8 rows are the 16-bit ones. float32 rows, and the sm_80 / other rows, were never measured:
 they are the sm_90 16-bit tile (without TMA where the GPU has none) shrunk until it fits that
 arch's shared memory, by the same estimate and steps the generated host's default used.
 """
@@ -89,10 +90,9 @@ _SM90_16BIT: tuple[tuple[str, int, int, Entry], ...] = (
 
 # sm_90, FP8 inputs: where they differ from the 16-bit rows (others were never measured).
 _SM90_FP8: tuple[tuple[str, int, int, Entry], ...] = (
-    # Full attention at 1,16,8192,128 (H200, FP8 P·V, build-time sweep of the FP8 kernel,
-    # docs/performance.md "FP8 speed"): 64x128 w4 s3 757.8 us, 128x128 w8 s3 774.9,
-    # 128x64 w4 s3 793.3, 64x64 w4 s4 848.2; 64x64 w4 s3 (the 16-bit row) ran 2830 us
-    # when P·V was bfloat16.
+    # 1,16,8192,128, full / causal (H200, `fp8_speed.py --configs`, docs/performance.md
+    # "FP8 speed"): 64x128 w4 s3 819.5 / 468.5 us, 64x64 w4 s4 950.3 / 516.7, 128x128 w8 s3
+    # 1003.9 / 550.2.
     ("fused", 128, 0, Entry(TileConfig(64, 128, 4, 3, tma=True))),
 )
 
