@@ -626,7 +626,9 @@ class _Context:
     def fused(self) -> dict[str, Any]:
         k = self.k
         assert k.tiling is not None and k.mask_plan is not None
-        prologue, _ = self.score_lines(hoist=True)
+        # the naive kernels take this loop's score and mask lines without its tiles' starts
+        tiled = k.schedule != "naive"
+        prologue, _ = self.score_lines(hoist=tiled)
         scalars = self.env(vector=False)
         k_parts = self.kv_operand(k.key, k.head_axis.index, scalars)
         v_parts = self.kv_operand(k.value, k.value_axis.index, scalars)
@@ -636,7 +638,7 @@ class _Context:
         args = plan.launch_args(k)
         o, lse = self.output()
         env = self.env()
-        loop = self.loop(env, k_parts, v_parts, descriptors=True, key_blocks=True)
+        loop = self.loop(env, k_parts, v_parts, descriptors=True, key_blocks=tiled)
         query = k.query_axis
         batch_programs = " * ".join(f"sizes[{a.dim!r}]" for a in k.batch_axes) or "1"
         return {

@@ -4,8 +4,12 @@ FP8 behind the host's FP8_PV switch."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
+
+import pytest
+import torch
 
 import attncc
 
@@ -47,3 +51,33 @@ def test_a_mod_after_a_non_product_keeps_its_place() -> None:
     assert "s = qk * qk_scale" in src  # softcap's tanh(s / cap) * cap is not a product of s
     plain = source((EXAMPLES / "causal.attn").read_text())
     assert "s2 = qk * qk_scale" in plain and "KEY_BLOCKS_ALIGNED" not in plain
+
+
+@pytest.mark.parametrize("schedule", ["fused", "naive", "split_kv"])
+def test_folded_factors_match_the_reference(schedule: str) -> None:
+    """Factors of the rows (hoisted before the key loop in fused kernels), of key blocks and
+    constants, after the scale: each applied once, in every schedule."""
+    text = (
+        (EXAMPLES / "fused.attn")
+        .read_text()
+        .replace("schedule fused\n", "")
+        .replace(
+            "in    v[B, H, N, D]\n", "in    v[B, H, N, D]\nin    w[H, M]: f32\nin    u[NB]: f32\n"
+        )
+        .replace("dims  B, H, M, N, D", "dims  B, H, M, N, D, NB")
+    )
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("s[b, h, m, n]"))
+    lines.insert(at + 1, "s = s * w[h, m] * 0.5 * u[n / 64]")
+    kernel = attncc.compile("\n".join(lines) + "\n", schedule=schedule)
+    gen = torch.Generator().manual_seed(3)
+    m = 4 if schedule == "split_kv" else 40
+    q = torch.randn(1, 2, m, 32, generator=gen)
+    k, v = (torch.randn(1, 2, 150, 32, generator=gen) for _ in range(2))
+    w, u = torch.rand(2, m, generator=gen) + 0.5, torch.rand(3, generator=gen) + 0.5
+    out = kernel(q, k, v, w, u)
+    scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(32)
+    scores = scores * w.double()[None, :, :, None] * 0.5
+    scores = scores * u.double().repeat_interleave(64)[:150]
+    exact = torch.softmax(scores, -1) @ v.double()
+    assert (out.double() - exact).abs().max().item() < 1e-4
