@@ -235,8 +235,16 @@ def _check_cmd(args: argparse.Namespace) -> int:
         table,
     )
 
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda, but no CUDA device is available")
+    if args.device == "cpu":
+        from attncc.runtime.jit import interpreter_problem
+
+        problem = interpreter_problem()
+        if problem is not None:
+            raise UsageError(problem)
     if args.target == "cuda" and args.device != "cuda":
         raise UsageError("--target cuda runs on CUDA tensors; add --device cuda")
     # auto asks this machine's GPU; CPU tensors run only on Triton (its interpreter)
@@ -392,7 +400,13 @@ def parser() -> argparse.ArgumentParser:
     check_p.add_argument("spec")
     check_p.add_argument("--trials", type=_at_least(1), default=8)
     check_p.add_argument("--seed", type=_at_least(0), default=0)
-    check_p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    check_p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="auto (default): cuda where a CUDA device is available, else cpu (Triton's "
+        "interpreter)",
+    )
     check_p.add_argument(
         "--dtypes",
         type=_dtype_list,

@@ -8,6 +8,7 @@ more with ``TRITON_INTERPRET=1`` for CPU tensors: Triton decides at decoration t
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import sys
@@ -36,6 +37,33 @@ def interpreter(enabled: bool) -> Iterator[None]:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = previous
+
+
+@functools.cache
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter (CPU calls, ``attncc check --device cpu``) cannot run here, or
+    None. Triton 3.6's interpreter turns one-element arrays into Python scalars, which numpy
+    2.4 refuses: every interpreted kernel then fails inside Triton ("only 0-dimensional arrays
+    can be converted to Python scalars", seen on a GPU machine with numpy 2.4)."""
+    import numpy
+    import triton
+
+    def release(version: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+
+    if release(triton.__version__) == (3, 6) and release(numpy.__version__) >= (2, 4):
+        return (
+            f"Triton {triton.__version__}'s interpreter (CPU tensors) fails under numpy "
+            f"{numpy.__version__}: install numpy<2.4, or run on a CUDA device"
+        )
+    return None
+
+
+def require_interpreter() -> None:
+    """Raise ``RuntimeError`` (one line, the fix) where ``interpreter_problem`` says so."""
+    problem = interpreter_problem()
+    if problem is not None:
+        raise RuntimeError(problem)
 
 
 def module_path(name: str, source: str) -> Path:

@@ -21,7 +21,7 @@ from attncc.passes.tiling import Tile
 from attncc.runtime import autograd, native, triton_plan
 from attncc.runtime import op as op_registry
 from attncc.runtime.autotune import Tuner
-from attncc.runtime.jit import interpreter, load_module, module_path
+from attncc.runtime.jit import interpreter, load_module, module_path, require_interpreter
 from attncc.runtime.launch_plan import Plans
 from attncc.spec import CheckedSpec, ast
 
@@ -213,6 +213,8 @@ class Kernel:
             if replayed is not None:
                 return replayed  # type: ignore[return-value]  # (out, lse): two outputs
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
+        if on_cpu:
+            require_interpreter()
         module = self.module(interpreted=on_cpu)
         if geometry is None:
             sizes, dtype, device = checked = module._check(tensors, params)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import attncc
 from attncc import cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -131,12 +132,49 @@ def test_check_on_cpu_resolves_auto_to_triton(
 ) -> None:
     """--device cpu runs the Triton interpreter even where auto would pick CUDA."""
     fake_sm90(monkeypatch)
-    args = ["check", str(EXAMPLES / "causal.attn"), "--target", "auto"]
+    args = ["check", str(EXAMPLES / "causal.attn"), "--target", "auto", "--device", "cpu"]
     args += ["--trials", "1", "--max-len", "16", "--dtypes", "fp32"]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert "causal (fused, cpu):" in out  # no ", target cuda"
     assert out.rstrip().endswith("1 passed, 0 failed")
+
+
+def test_check_device_auto_is_cpu_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("auto picks the GPU here")
+    args = ["check", str(EXAMPLES / "causal.attn"), "--trials", "1", "--max-len", "16"]
+    assert cli.main([*args, "--dtypes", "fp32"]) == 0
+    assert "causal (fused, cpu):" in capsys.readouterr().out
+
+
+def test_an_interpreter_that_cannot_run_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Triton 3.6's interpreter under numpy 2.4 failed every trial inside Triton, each
+    trial's row an InterpreterError; the check now says why, and the fix, once."""
+    import numpy
+    import triton
+
+    from attncc.runtime import jit
+
+    jit.interpreter_problem.cache_clear()
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(numpy, "__version__", "2.4.1")
+    try:
+        args = ["check", str(EXAMPLES / "causal.attn"), "--device", "cpu", "--trials", "1"]
+        assert cli.main(args) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            "attncc: error: Triton 3.6.0's interpreter (CPU tensors) fails under numpy 2.4.1: "
+            "install numpy<2.4, or run on a CUDA device\n"
+        )
+        kernel = attncc.compile(EXAMPLES / "causal.attn", target="triton")
+        q = torch.randn(1, 1, 16, 16)
+        with pytest.raises(RuntimeError, match=r"install numpy<2\.4"):
+            kernel(q, q, q)
+    finally:
+        jit.interpreter_problem.cache_clear()
 
 
 def test_the_readme_names_every_flag_of_every_command() -> None:
