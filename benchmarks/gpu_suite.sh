@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [heuristic] [parts] [onepass] [gradients]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -353,6 +353,19 @@ if has wide; then
     timeout 120 python3 -m attncc bench examples/mla_causal.attn --target cuda \
         --shapes "${shapes//D/192:128}" --against sdpa-cudnn,flex \
         --json "$OUT/wide_head_dims_$gpu.jsonl" 2>&1 | tee -a "$OUT/wide_head_dims_$gpu.txt"
+fi
+
+if has fp8; then
+    # FP8 attention (docs/performance.md, "FP8 speed"): the FP8 kernel full and causal against
+    # bf16 on both targets, quantisation's share, a tile sweep for the heuristic table's FP8
+    # row; then the FP8 kernel tests compiled and `attncc check` of the FP8 example
+    timeout 240 python3 benchmarks/fp8_speed.py --shape 1,16,8192,128 --rounds 3 \
+        --configs "${FP8_CONFIGS:-64,128,4,3;128,128,8,3;64,64,4,4}" 2>&1 | grep -v Warn \
+        | tee "$OUT/fp8_speed_$gpu.txt"
+    timeout 200 python3 -m pytest -q tests/kernels/test_fp8.py tests/test_fp8_kernel.py \
+        tests/gpu/test_gpu.py -k fp8 2>&1 | tail -3 | tee -a "$OUT/fp8_speed_$gpu.txt"
+    timeout 120 python3 -m attncc check examples/fp8_block.attn --device cuda --trials 6 2>&1 \
+        | tail -4 | tee -a "$OUT/fp8_speed_$gpu.txt"
 fi
 
 if has parts; then
