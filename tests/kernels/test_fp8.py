@@ -273,3 +273,39 @@ def test_interpreter_rounds_float32_to_e4m3_as_gpus() -> None:
 
         to_e4m3[(1,)](x, y, n=8)
     assert torch.equal(y.float(), x.clamp(-448, 448).to(torch.float8_e4m3fn).float())
+
+
+def test_fp8_pv_with_grouped_heads_and_a_causal_mask() -> None:
+    """GQA (kv head h / 2) and a causal mask through the key-major V path: the kv head of the
+    V tile, the partial tiles on the diagonal, at D=128, where the interpreter's tiles load
+    K and V through tensor descriptors (the key-major one's coordinates). The row-major copy
+    of v runs P·V in bfloat16; FP8 P adds e4m3's rounding of P, no more than half again its
+    error."""
+    text = FP8.replace("dims  B, H, M, N, D, MB, NB", "dims  B, H, KVH, M, N, D, MB, NB")
+    for name in ("k", "v"):
+        text = text.replace(f"in    {name}[B, H, N, D]", f"in    {name}[B, KVH, N, D]")
+        text = text.replace(f"{name}_descale[B, H, NB]", f"{name}_descale[B, KVH, NB]")
+        text = text.replace(
+            f"{name}_descale[b, h, n / block_n]", f"{name}_descale[b, g, n / block_n]"
+        )
+    text = text.replace("k[b, h, n, d]", "k[b, g, n, d]").replace("v[b, h, n, d]", "v[b, g, n, d]")
+    text = text.replace(
+        "p = softmax(s, n)", "let g = h / (H / KVH)\nmask m >= n\np = softmax(s, n)"
+    )
+    kernel = attncc.compile(text)
+    gen = torch.Generator().manual_seed(1)
+    # 256 keys: a key-major V's key stride must be a multiple of 16 bytes for TMA
+    q = torch.randn(1, 4, 256, 128, generator=gen)
+    k, v = (torch.randn(1, 2, 256, 128, generator=gen) for _ in range(2))
+    x = quantize(q, k, v, block=(64, 64))
+    blocks = {"block_m": 64, "block_n": 64}
+    assert kernel.launch_config(*_fp8_args(x), **blocks)["tma"] == 1
+    key_major = kernel(*_fp8_args(x), **blocks)
+    row_major = kernel(*_fp8_args(x, x.v.contiguous()), **blocks)
+    scores = q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(128)
+    causal = torch.ones(256, 256, dtype=torch.bool).tril()
+    weights = torch.softmax(scores.masked_fill(~causal, -math.inf), -1)
+    exact = weights @ v.double().repeat_interleave(2, 1)
+    assert not torch.equal(key_major, row_major)  # the FP8 path ran
+    assert _rmse(key_major, exact) <= 1.5 * _rmse(row_major, exact)
+    assert _rmse(row_major, exact) < 0.02
