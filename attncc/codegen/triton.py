@@ -339,8 +339,9 @@ class _Context:
     ) -> dict[str, Any]:
         """The key loop's values (attend.py.jinja) for index variables as in ``env``;
         ``descriptors``: the kernel may load K and V tiles through TMA descriptors;
-        ``key_blocks``: its tiles start at multiples of BLOCK_N, and it has the
-        KEY_BLOCKS_ALIGNED and FP8_PV switches (``key_blocks``)."""
+        ``key_blocks``: the fused kernel's loop, whose tiles start at multiples of BLOCK_N:
+        key blocks read once a tile (KEY_BLOCKS_ALIGNED), FP8 P·V (FP8_PV), and score
+        factors of the rows hoisted before it (``score_lines``)."""
         mask_plan = self.k.mask_plan
         assert mask_plan is not None
         blocks = self.key_blocks() if key_blocks else {}
