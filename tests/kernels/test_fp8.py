@@ -309,3 +309,29 @@ def test_fp8_pv_with_grouped_heads_and_a_causal_mask() -> None:
     assert not torch.equal(key_major, row_major)  # the FP8 path ran
     assert _rmse(key_major, exact) <= 1.5 * _rmse(row_major, exact)
     assert _rmse(row_major, exact) < 0.02
+
+
+def test_fp8_pv_keys_past_a_cache_length_are_never_read() -> None:
+    """A key bound read from a tensor (cache lengths): keys past it may be unwritten memory.
+    The key-major V tiles, copied whole by TMA, zero them before P·V in FP8, so NaN there
+    never meets a zero probability. (Only compiled runs see the NaN: Triton's interpreter
+    reads e4m3's NaN code as a finite value.)"""
+    text = FP8.replace(
+        "in    v_descale[B, H, NB]: f32", "in    v_descale[B, H, NB]: f32\nin    lens[B]: i32"
+    ).replace("p = softmax(s, n)", "mask n < lens[b]\np = softmax(s, n)")
+    kernel = attncc.compile(text)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 256, 128, generator=gen) for _ in range(3))
+    x = quantize(q, k, v, block=(64, 64))
+    lens = torch.tensor([200, 77], dtype=torch.int32)
+    poisoned = x.v.clone()  # keeps the key-major strides
+    poisoned[0, :, 200:] = float("nan")
+    poisoned[1, :, 77:] = float("nan")
+    args = [*_fp8_args(x, poisoned), lens.to(DEVICE)]
+    assert kernel.launch_config(*args, block_m=64, block_n=64)["tma"] == 1
+    out = kernel(*args, block_m=64, block_n=64)
+    scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(128)
+    keep = torch.arange(256)[None, :] < lens[:, None].long()
+    weights = torch.softmax(scores.masked_fill(~keep[:, None, None, :], -math.inf), -1)
+    assert torch.isfinite(out).all()
+    assert _rmse(out, weights @ v.double()) < 0.02
