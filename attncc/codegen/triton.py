@@ -356,17 +356,28 @@ class _Context:
             if isinstance(block, ir.BinOp)
         ]
         scale = self.k.value_scale
+        fp8_pv = (
+            self.k.fp8
+            and key_blocks
+            and v_parts["key_axis"] is not None
+            and (scale is None or not _reads_index_outside(scale, self.key, blocks))
+        )
+        # every block size a positive multiple of the key tile (block_n on the host)
+        divisors = [
+            cx.host_expr(b.right, dims="sizes", params="params")
+            for b in blocks
+            if isinstance(b, ir.BinOp)
+        ]
+        aligned = " and ".join(f"({d}) > 0 and ({d}) % block_n == 0" for d in divisors) or "True"
         return {
             "tma": descriptors and k_parts["tma"] and v_parts["tma"],
             "k_coords": k_parts["coords"],
             "v_coords": v_parts["coords"],
             "v_coords_key_major": v_parts.get("coords_key_major", ""),
             "block_lines": block_lines,
+            "key_blocks_aligned": aligned if block_lines or fp8_pv else None,
             # P meets V in FP8 where the kernel may take the value scale a tile at a time
-            "fp8_pv": self.k.fp8
-            and key_blocks
-            and v_parts["key_axis"] is not None
-            and (scale is None or not _reads_index_outside(scale, self.key, blocks)),
+            "fp8_pv": fp8_pv,
             "key_var": cx.index_var(self.k.key_axis.index),
             "key_dim": cx.safe_name(self.k.key_axis.dim),
             "k_tile": k_parts["k_tile"],
@@ -404,16 +415,6 @@ class _Context:
                 if _key_block(e, self.key) and e not in found:
                     found[e] = f"key_block_{len(found)}"
         return found
-
-    def key_blocks_aligned(self) -> str:
-        """Host expression: whether every key block's size is a positive multiple of the key
-        tile (``block_n``, the launch's BLOCK_N); "True" without key blocks."""
-        sizes = [
-            cx.host_expr(e.right, dims="sizes", params="params")
-            for e in self.key_blocks()
-            if isinstance(e, ir.BinOp)
-        ]
-        return " and ".join(f"({b}) > 0 and ({b}) % block_n == 0" for b in sizes) or "True"
 
     def score_lines(
         self, env: cx.TritonEnv | None = None, hoist: bool = False
@@ -677,9 +678,6 @@ class _Context:
             "lse": lse,
             "prologue_lines": prologue,
             "loop": loop,
-            "key_blocks_aligned": (
-                self.key_blocks_aligned() if loop["block_lines"] or loop["fp8_pv"] else None
-            ),
             "uses_fp8_pv": bool(loop["fp8_pv"] and loop["tma"]),
             "tile_index": tile_index,
             # without a lower bound no key tile precedes the mask-free band
