@@ -33,7 +33,9 @@ from types import ModuleType
 import torch
 
 from attncc.codegen import fp8_quantize
-from attncc.runtime.jit import interpreter, load_module, module_path
+from attncc.runtime import triton_plan
+from attncc.runtime.jit import interpreter, load_module, module_path, require_interpreter
+from attncc.runtime.launch_plan import Plans
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -106,12 +108,15 @@ def _check_hadamard_dim(d: int) -> None:
 
 def _block_amax(x: torch.Tensor, rows: int | None) -> torch.Tensor:
     """The absolute maximum of ``x [..., S, D]`` per block of ``rows`` rows (the last block may
-    be short), shape ``[..., ceil(S / rows)]``; a 0-d tensor for ``rows=None``."""
+    be short), NaN entries skipped (as the GPU's max.f32 skips them), shape
+    ``[..., ceil(S / rows)]``; a 0-d tensor for ``rows=None``."""
+    magnitude = x.abs()
+    magnitude = torch.where(magnitude.isnan(), torch.zeros_like(magnitude), magnitude)
     if rows is None:
-        return x.abs().amax()
+        return magnitude.amax()
     s = x.shape[-2]
     blocks = -(-s // rows)
-    row_max = x.abs().amax(dim=-1)  # [..., S]
+    row_max = magnitude.amax(dim=-1)  # [..., S]
     pad = blocks * rows - s
     if pad:
         row_max = torch.nn.functional.pad(row_max, (0, pad))  # zeros never raise a max
@@ -128,13 +133,17 @@ def _per_row(descale: torch.Tensor, rows: int | None, s: int) -> torch.Tensor:
 def _quantize_one(x: torch.Tensor, rows: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     x = x.to(torch.float32) if x.dtype != torch.float64 else x
     amax = _block_amax(x, rows)
-    # a tensor divisor: PyTorch's CUDA kernels divide by a Python number as a multiplication
+    # tensor divisions: PyTorch's CUDA kernels divide by a Python number as a multiplication
     # by its reciprocal, one rounding away from the IEEE quotient the CPU (and the kernel,
     # div_rn) computes
     fp8_max = torch.full_like(amax, FP8_MAX)
-    descale = torch.where(amax > 0, amax / fp8_max, torch.full_like(amax, _ZERO_BLOCK_DESCALE))
-    scaled = x / _per_row(descale, rows, x.shape[-2])
-    # Division may land a hair above 448; e4m3fn has no infinity and would give NaN.
+    nonzero = amax > 0
+    descale = torch.where(nonzero, amax / fp8_max, torch.full_like(amax, _ZERO_BLOCK_DESCALE))
+    # a product with the scale, not a division by the descale: a division a value made the
+    # kernel's row-major pass 2.2x slower on an H200 (39.2 against 18.0 us at 16 x 8192 x 128)
+    scale = torch.where(nonzero, fp8_max / amax, torch.full_like(amax, 1 / _ZERO_BLOCK_DESCALE))
+    scaled = x * _per_row(scale, rows, x.shape[-2])
+    # The product may land a hair above 448; e4m3fn has no infinity and would give NaN.
     x8 = scaled.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return x8, descale.to(torch.float32)
 
@@ -151,6 +160,9 @@ def _check_inputs(
             )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"k: head dim {k.shape[-1]} differs from q's {q.shape[-1]}")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device}, q on {q.device}; all three on one device")
     if k.shape[:-1] != v.shape[:-1]:
         raise ValueError(
             f"v: shape {tuple(v.shape)} does not match k's {tuple(k.shape)} before the head dim"
@@ -211,23 +223,39 @@ def _quantize(
     if hadamard:
         _check_hadamard_dim(q.shape[-1])
     block_m, block_n = block if block is not None else (None, None)
-    q8, q_descale = _quantize_tensor(q, block_m, hadamard, kernel)
-    k8, k_descale = _quantize_tensor(k, block_n, hadamard, kernel)
-    v8, v_descale = _quantize_tensor(v, block_n, False, kernel, key_major=True)
+    jobs = {
+        "q": _Job(q, block_m, hadamard, False),
+        "k": _Job(k, block_n, hadamard, False),
+        "v": _Job(v, block_n, False, True),
+    }
+    on_kernel = {n: j for n, j in jobs.items() if kernel and _kernel_takes(j.x, j.rows, j.rotate)}
+    done = _quantize_kernel(on_kernel) if on_kernel else {}
+    for name, job in jobs.items():
+        if name not in done:
+            done[name] = _quantize_eager(job)
+    (q8, q_descale), (k8, k_descale), (v8, v_descale) = done["q"], done["k"], done["v"]
     return Fp8Inputs(
         q8, k8, v8, q_descale, k_descale, v_descale, Fp8Scheme(block_m, block_n, hadamard)
     )
 
 
-def _quantize_tensor(
-    x: torch.Tensor, rows: int | None, rotate: bool, kernel: bool, key_major: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if kernel and rows is not None and _kernel_takes(x, rows, rotate):
-        return _quantize_kernel(x, rows, rotate, key_major)
-    if rotate:
+@dataclass(frozen=True)
+class _Job:
+    """One tensor's quantisation: ``rows`` a block (None: per tensor), rotated or not,
+    written key-major or row-major."""
+
+    x: torch.Tensor
+    rows: int | None
+    rotate: bool
+    key_major: bool
+
+
+def _quantize_eager(job: _Job) -> tuple[torch.Tensor, torch.Tensor]:
+    x = job.x
+    if job.rotate:
         x = hadamard_transform(x.to(torch.float64 if x.dtype == torch.float64 else torch.float32))
-    x8, descale = _quantize_one(x, rows)
-    if key_major:
+    x8, descale = _quantize_one(x, job.rows)
+    if job.key_major:
         x8 = _empty_fp8(x8.shape, True, x8.device).copy_(x8)
     return x8, descale
 
@@ -244,8 +272,10 @@ def _empty_fp8(shape: torch.Size, key_major: bool, device: torch.device) -> torc
 # One program holds a whole block (padded rows x padded head dim) in registers, as float32:
 # 128 x 128 is 64 KiB over 8 warps; past 32768 elements it would spill.
 _KERNEL_MAX_ELEMENTS = 32768
-# shared memory the rotation's operands may take (an H100/H200 gives a block 227 KiB)
-_KERNEL_MAX_SHARED = 200 * 1024
+# shared memory a block may take where the device does not say (an H100/H200's 227 KiB)
+_DEFAULT_MAX_SHARED = 232448
+# the rotation's loads in flight (Triton's software pipelining of the block loop), at most
+_MAX_ROTATION_STAGES = 3
 # tl.dot's smallest tile side; also the smallest padding of the kernel's block
 _MIN_TILE = 16
 
@@ -254,23 +284,42 @@ def _padded(n: int) -> int:
     return max(_MIN_TILE, 1 << (n - 1).bit_length())
 
 
-def _kernel_takes(x: torch.Tensor, rows: int, rotate: bool) -> bool:
-    """Whether the Triton kernel quantises ``x``: on CUDA, or on the CPU while Triton's
-    interpreter is on; float16/bfloat16/float32; not empty; a block that fits, and with the
-    rotation, a product whose operands fit in shared memory."""
+def _kernel_takes(x: torch.Tensor, rows: int | None, rotate: bool) -> bool:
+    """Whether the Triton kernel quantises ``x``: blocks of ``rows`` (not per tensor), on
+    CUDA, or on the CPU while Triton's interpreter is on; float16/bfloat16/float32; not empty;
+    a block that fits, and with the rotation, a product whose operands fit in shared memory."""
+    if rows is None:
+        return False
     interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
     on_device = x.device.type == "cuda" or (x.device.type == "cpu" and interpreted)
     d_pad = _padded(x.shape[-1])
-    # the rotation's tl.dot stages the block and the D x D signs in shared memory:
-    # float32 at D=256 needs 384 KiB, past an H100/H200's 227 (Triton's OutOfResources)
-    rotation_bytes = (_padded(rows) + d_pad) * d_pad * x.element_size() if rotate else 0
     return (
         on_device
         and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
         and x.numel() > 0
         and _padded(rows) * d_pad <= _KERNEL_MAX_ELEMENTS
-        and rotation_bytes <= _KERNEL_MAX_SHARED
+        and (not rotate or _rotation_stages(x, rows) > 0)
     )
+
+
+def _rotation_stages(x: torch.Tensor, rows: int) -> int:
+    """How many blocks of ``x`` the rotating kernel may load ahead (0: it does not fit).
+
+    Its shared memory is the D x D signs, one block a stage (tl.dot's operand) and the
+    block's FP8 codes (their layout change before the store), as Triton counts it: 352 KiB
+    for 16-bit inputs at D=256 and 3 stages, past an H100/H200's 227 (OutOfResources)."""
+    d_pad = _padded(x.shape[-1])
+    block = _padded(rows) * d_pad * x.element_size()
+    fixed = d_pad * d_pad * x.element_size() + _padded(rows) * d_pad
+    return max(0, min(_MAX_ROTATION_STAGES, (_max_shared(x.device) - fixed) // block))
+
+
+@functools.cache
+def _max_shared(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _DEFAULT_MAX_SHARED
+    properties = torch.cuda.get_device_properties(device)
+    return int(getattr(properties, "shared_memory_per_block_optin", _DEFAULT_MAX_SHARED))
 
 
 @functools.cache
@@ -300,48 +349,132 @@ def _hadamard_signs(d: int, d_pad: int, device: torch.device, dtype: torch.dtype
     return signs
 
 
-def _quantize_kernel(
-    x: torch.Tensor, rows: int, rotate: bool, key_major: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``_quantize_one`` (after the rotation, with ``rotate``) in one Triton launch, written
-    ``key_major`` or row-major (contiguous)."""
-    x = x.detach()
-    s, d = x.shape[-2], x.shape[-1]
-    lead = tuple(x.shape[:-2])
+# programs of a rotating quantisation under the interpreter: fewer than blocks in the tests
+_INTERPRETED_PROGRAMS = 3
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _quantize_kernel(jobs: dict[str, _Job]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``_quantize_one`` of each job (after the rotation, where it rotates), one Triton
+    launch a tensor, written key-major or row-major (contiguous); by name, its FP8 tensor
+    and descales.
+
+    The first call of a geometry (``Plans.key``: each tensor's shape, strides, dtype, device
+    and alignment, with the blocks, rotations and layouts) is recorded and later ones replay
+    it (attncc.runtime.triton_plan): Triton's launcher took 184 us of CPU a ``quantize``
+    call of three tensors on an H200, against the kernels' 58 us of GPU time."""
     # the kernel walks two leading axes by their strides (batch, heads): any [B, H, S, D]
     # layout is read in place; more leading axes are merged (a copy where strides forbid)
-    x4 = x.reshape(-1, *x.shape[-3:]) if len(lead) > 2 else x[(None,) * (2 - len(lead))]
-    blocks = -(-s // rows)
-    leads = x4.shape[0] * x4.shape[1]
-    out = _empty_fp8(x.shape, key_major, x.device)
-    descale = torch.empty((*lead, blocks), dtype=torch.float32, device=x.device)
-    block_pad, d_pad = _padded(rows), _padded(d)
-    signs = _hadamard_signs(d, d_pad, x.device, x.dtype) if rotate else x4
-    interpreted = x.device.type == "cpu"
-    module = _kernel_module(interpreted)
-    device = torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+    tensors = {name: _four_dims(job.x.detach()) for name, job in jobs.items()}
+    first = next(iter(jobs.values())).x
+    interpreted = first.device.type == "cpu"
+    if interpreted:
+        require_interpreter()
+    how = {
+        f"{name}.{field}": getattr(job, field)
+        for name, job in jobs.items()
+        for field in ("rows", "rotate", "key_major")
+    }
+    key = Plans.key(tensors, how, False, False)
+    plan = _PLANS.get(key)
+    signs = {
+        name: _hadamard_signs(job.x.shape[-1], _padded(job.x.shape[-1]), job.x.device, job.x.dtype)
+        for name, job in jobs.items()
+        if job.rotate
+    }
+    switch = first.is_cuda and first.device.index != torch.cuda.current_device()
+    device = torch.cuda.device(first.device) if switch else contextlib.nullcontext()
     with interpreter(interpreted), device:
-        module.fp8_quantize_kernel[(leads * blocks,)](
-            x4,
-            out.view(torch.uint8),  # the e4m3 bit patterns (see _e4m3_bits)
-            descale,
-            signs,
-            1.0 / math.sqrt(d),
-            s,
-            d,
-            x4.shape[1],
-            blocks,
-            *x4.stride(),
-            BLOCK_ROWS=rows,
-            BLOCK_PAD=block_pad,
-            D_PAD=d_pad,
-            HADAMARD=rotate,
-            # +-1 times float32 is exact only in IEEE float32 (TF32 keeps 10 mantissa bits)
-            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            KEY_MAJOR=key_major,
-            num_warps=max(4, min(16, block_pad * d_pad // 2048)),
-        )
-    return out, descale
+        result = plan(tensors) if plan is not None else None
+        if result is None:
+            module = _kernel_module(interpreted)
+
+            def launch() -> tuple[torch.Tensor, ...]:
+                out: list[torch.Tensor] = []
+                for name, job in jobs.items():
+                    x4 = tensors[name]
+                    out += _launch(module, x4, signs.get(name, x4), job, job.x.shape[:-2])
+                return tuple(out)
+
+            if key is None or plan is not None:
+                result = launch()
+            else:
+                result, plan, _ = triton_plan.record(module, launch, tensors, not interpreted)
+                if plan is not None:
+                    _PLANS.remember(key, plan)
+    done = {}
+    for at, (name, job) in enumerate(jobs.items()):
+        codes, descale = result[2 * at], result[2 * at + 1]
+        x8 = codes.view(FP8_DTYPE)
+        done[name] = (x8.transpose(-1, -2) if job.key_major else x8), descale
+    return done
+
+
+def _four_dims(x: torch.Tensor) -> torch.Tensor:
+    """``x [..., S, D]`` as ``[B, H, S, D]``: leading axes merged or added (a copy where
+    strides forbid merging)."""
+    lead = x.dim() - 2
+    if lead == 2:
+        return x
+    return x.reshape(-1, *x.shape[-3:]) if lead > 2 else x[(None,) * (2 - lead)]
+
+
+_PLANS = Plans()
+
+
+def _launch(
+    module: ModuleType,
+    x4: torch.Tensor,
+    signs: torch.Tensor,
+    job: _Job,
+    lead: torch.Size,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate and launch: the e4m3 codes as bytes, ``[*lead, S, D]`` (``[*lead, D, S]``
+    key-major), and the descales ``[*lead, blocks]``. Nothing but allocations and the
+    launch, so triton_plan can record it."""
+    assert job.rows is not None
+    b, h, s, d = x4.shape
+    blocks = -(-s // job.rows)
+    total = b * h * blocks
+    interpreted = x4.device.type == "cpu"
+    # With the rotation, one program per SM walks the blocks (the signs are loaded once a
+    # program; on the CPU a few, so the interpreter walks that loop too); without it, one
+    # program a block.
+    if job.rotate:
+        programs = min(total, _INTERPRETED_PROGRAMS if interpreted else _sm_count(x4.device))
+    else:
+        programs = total
+    shape = (*lead, d, s) if job.key_major else (*lead, s, d)
+    codes = torch.empty(shape, dtype=torch.uint8, device=x4.device)
+    descale = torch.empty((*lead, blocks), dtype=torch.float32, device=x4.device)
+    block_pad, d_pad = _padded(job.rows), _padded(d)
+    module.fp8_quantize_kernel[(programs,)](
+        x4,
+        codes,
+        descale,
+        signs,
+        1.0 / math.sqrt(d),
+        s,
+        d,
+        h,
+        blocks,
+        total,
+        *x4.stride(),
+        BLOCK_ROWS=job.rows,
+        BLOCK_PAD=block_pad,
+        D_PAD=d_pad,
+        HADAMARD=job.rotate,
+        # +-1 times float32 is exact only in IEEE float32 (TF32 keeps 10 mantissa bits)
+        DOT_PRECISION="ieee" if x4.dtype == torch.float32 else "tf32",
+        KEY_MAJOR=job.key_major,
+        num_warps=max(4, min(16, block_pad * d_pad // 2048)),
+        **({"num_stages": _rotation_stages(x4, job.rows)} if job.rotate else {}),
+    )
+    return codes, descale
 
 
 def dequantize(

@@ -128,6 +128,7 @@ def test_emulation_is_close_to_float64_attention() -> None:
         ({"k": torch.randn(1, 1, 8, 32)}, "k: head dim 32 differs"),
         ({"q": torch.randn(1, 1, 8, 16).to(FP8_DTYPE)}, "q: expected a float16"),
         ({"hadamard": True, "q": torch.randn(8, 12), "k": torch.randn(8, 12)}, "power-of-two"),
+        ({"v": torch.randn(1, 1, 8, 16, device="meta")}, "v: on meta, q on cpu; all three"),
     ],
 )
 def test_bad_inputs_are_one_clear_error(change: dict[str, object], error: str) -> None:

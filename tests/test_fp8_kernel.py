@@ -12,25 +12,30 @@ import torch
 
 import attncc.fp8
 from attncc.fp8 import FP8_MAX, Fp8Inputs, hadamard_transform, quantize, quantize_torch
+from attncc.runtime import triton_plan
 from attncc.runtime.jit import interpreter
+from attncc.runtime.launch_plan import Plans
 
 FIELDS = ("q", "k", "v", "q_descale", "k_descale", "v_descale")
 
 
 @pytest.fixture
 def kernel_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """quantize under the interpreter, with the torch path made to fail: a result is the
-    kernel's. quantize_torch, called outside, is unaffected."""
-    torch_path = attncc.fp8._quantize_tensor
+    """quantize under the interpreter, made to fail where the torch path would take a
+    tensor: a result is the kernel's. quantize_torch, called outside, is unaffected."""
+    takes = attncc.fp8._kernel_takes
+    quantize_all = attncc.fp8._quantize
 
-    def no_torch(  # type: ignore[no-untyped-def]
-        x: torch.Tensor, rows: int | None, rotate: bool, kernel: bool, key_major: bool = False
+    def kernel_or_fail(  # type: ignore[no-untyped-def]
+        q, k, v, block: tuple[int, int] | None, hadamard: bool, kernel: bool
     ):
         if kernel:
-            assert rows is not None and attncc.fp8._kernel_takes(x, rows, rotate)
-        return torch_path(x, rows, rotate, kernel, key_major)
+            assert block is not None
+            assert takes(q, block[0], hadamard) and takes(k, block[1], hadamard)
+            assert takes(v, block[1], False)
+        return quantize_all(q, k, v, block, hadamard, kernel)
 
-    monkeypatch.setattr(attncc.fp8, "_quantize_tensor", no_torch)
+    monkeypatch.setattr(attncc.fp8, "_quantize", kernel_or_fail)
     yield
 
 
@@ -151,7 +156,8 @@ def test_rotation_within_the_summation_bound(d: int) -> None:
 def test_rounding_ties_subnormals_zeros_and_nan() -> None:
     """Rows whose block maximum is 448 (descale exactly 1): e4m3's ties to even, a mantissa
     carry into an odd exponent, subnormals and their ties, negative zero; then a block of
-    zeros (descale 1) and a block with a NaN (torch: descale 1, NaN stays NaN)."""
+    zeros (descale 1) and a block with a NaN: its descale is that of its other values (the
+    GPU's max.f32 skips NaN), and the NaN stays NaN."""
     values = [448.0, 1.0625, 1.1875, -1.96875, 3.9375, 2.0**-10, 1.5 * 2.0**-9, -0.0]
     values += [2.0**-7, 5 * 2.0**-11, 447.9, 300.0, -(2.0**-12), 0.0, 7.5 * 2.0**-9, 1e-30]
     q = torch.zeros(1, 1, 48, 16)
@@ -161,8 +167,43 @@ def test_rounding_ties_subnormals_zeros_and_nan() -> None:
     got = kernel_quantize(q, q, q, block=(16, 16))
     want = quantize_torch(q, q, q, block=(16, 16))
     assert_identical(got, want)
-    assert got.q_descale.tolist() == [[[1.0, 1.0, 1.0]]]
+    nan_block = q[0, 0, 32:].nan_to_num(0.0)
+    assert got.q_descale[0, 0, :2].tolist() == [1.0, 1.0]
+    assert got.q_descale[0, 0, 2] == nan_block.abs().amax() / torch.tensor(FP8_MAX)
+    assert got.q[0, 0, 32, 3].float().isnan() and not got.q[0, 0, 33:].float().isnan().any()
     assert got.q[0, 0, 0, 1].float().item() == 1.0 and got.q[0, 0, 0, 3].float().item() == -2.0
+
+
+@pytest.mark.usefixtures("kernel_only")
+def test_a_repeated_geometry_replays_its_recorded_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A geometry's first call is recorded, later ones replay it with their own tensors
+    (attncc.runtime.triton_plan); another layout or dtype of the same shape records its own.
+    Every call gives the torch path's bits."""
+    monkeypatch.setattr(attncc.fp8, "_PLANS", Plans())
+    recorded: list[tuple[int, ...]] = []
+    record = triton_plan.record
+
+    def counted(module, launch, tensors, compiled):  # type: ignore[no-untyped-def]
+        recorded.append(tuple(tensors["q"].stride()))
+        return record(module, launch, tensors, compiled)
+
+    monkeypatch.setattr(triton_plan, "record", counted)
+    calls = [
+        (
+            randn((1, 2, 100, 64), seed, torch.float32),
+            randn((1, 2, 80, 64), seed + 1, torch.float32),
+        )
+        for seed in (20, 22)
+    ]
+    strided = randn((1, 100, 2, 64), 24, torch.float32).transpose(1, 2)
+    calls += [(strided, calls[0][1]), (calls[0][0].bfloat16(), calls[0][1].bfloat16())]
+    records = []
+    for q, kv in calls:
+        got = kernel_quantize(q, kv, kv * 2, block=(32, 32))
+        assert_identical(got, quantize_torch(q, kv, kv * 2, block=(32, 32)))
+        records.append(len(recorded))
+    # q, k and key-major v in one plan; then none; q's new layout; bfloat16
+    assert records == [1, 1, 2, 3]
 
 
 def test_torch_path_outside_the_kernel_cases() -> None:
@@ -185,3 +226,8 @@ def test_torch_path_outside_the_kernel_cases() -> None:
         assert not attncc.fp8._kernel_takes(wide, 128, True)
         assert attncc.fp8._kernel_takes(wide, 128, False)
         assert attncc.fp8._kernel_takes(wide.to(torch.bfloat16), 128, True)
+    # loads in flight as shared memory allows: one at D=256 in 16 bits (the GPU's
+    # OutOfResources at three), three at D=128, two in float32
+    assert attncc.fp8._rotation_stages(wide.to(torch.bfloat16), 128) == 1
+    assert attncc.fp8._rotation_stages(wide[..., :128].to(torch.bfloat16), 128) == 3
+    assert attncc.fp8._rotation_stages(wide[..., :128], 128) == 2

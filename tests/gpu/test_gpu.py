@@ -164,7 +164,8 @@ def test_new_lengths_and_batch_sizes_do_not_recompile(
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_fp8_quantize_kernel_matches_torch_on_gpu(dtype: torch.dtype, d: int) -> None:
     """attncc.fp8.quantize's compiled kernel against quantize_torch on the GPU: bits without
-    the rotation; with it, integer inputs (exact sums in any order) also to the bit."""
+    the rotation; with it, integer inputs (exact sums in any order) also to the bit. A block
+    of zeros gets descale 1; a NaN stays NaN, and its block's descale is that of the rest."""
     from attncc.fp8 import quantize, quantize_torch
 
     gen = torch.Generator(device="cuda").manual_seed(d)
@@ -172,6 +173,8 @@ def test_fp8_quantize_kernel_matches_torch_on_gpu(dtype: torch.dtype, d: int) ->
         torch.randn(2, 4, s, d, device="cuda", generator=gen).to(dtype) for s in (1000, 700, 700)
     )
     q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a [B, S, H, D] layout
+    k[1, 2, 64:128] = 0.0
+    v[0, 1, 5, 3] = float("nan")
     for hadamard in (False, True):
         if hadamard:
             q, k = (q * 8).round(), (k * 8).round()
@@ -181,3 +184,6 @@ def test_fp8_quantize_kernel_matches_torch_on_gpu(dtype: torch.dtype, d: int) ->
             a, b = getattr(got, name), getattr(want, name)
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (name, hadamard)
             assert torch.equal(getattr(got, f"{name}_descale"), getattr(want, f"{name}_descale"))
+        assert got.k_descale[1, 2, 1] == 1.0 and got.v[0, 1, 5, 3].float().isnan()
+        amax = v[0, 1, :64].float().nan_to_num(0.0).abs().amax()
+        assert got.v_descale[0, 1, 0] == amax / torch.full_like(amax, 448.0)

@@ -145,7 +145,7 @@ def test_what_has_no_fp8_path_refuses(options: dict[str, str], error: str) -> No
 
 def test_call_errors_name_the_input() -> None:
     kernel = compiled("fp8_block", "fused")
-    q = torch.randn(1, 1, 8, 16)
+    q = torch.randn(1, 1, 8, 16, device=DEVICE)
     x = quantize(q, q, q, block=(128, 128))
     with pytest.raises(TypeError, match=r"input 'q' is declared f8e4m3, got torch\.float32"):
         kernel(q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
@@ -297,8 +297,9 @@ def test_fp8_pv_with_grouped_heads_and_a_causal_mask() -> None:
     # 256 keys: a key-major V's key stride must be a multiple of 16 bytes for TMA
     q = torch.randn(1, 4, 256, 128, generator=gen)
     k, v = (torch.randn(1, 2, 256, 128, generator=gen) for _ in range(2))
-    x = quantize(q, k, v, block=(64, 64))
-    blocks = {"block_m": 64, "block_n": 64}
+    # key blocks of 128: a multiple of the key tile on the GPU (128) and the CPU (64)
+    x = quantize(*(t.to(DEVICE) for t in (q, k, v)), block=(64, 128))
+    blocks = {"block_m": 64, "block_n": 128}
     assert kernel.launch_config(*_fp8_args(x), **blocks)["tma"] == 1
     key_major = kernel(*_fp8_args(x), **blocks)
     row_major = kernel(*_fp8_args(x, x.v.contiguous()), **blocks)
