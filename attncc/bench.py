@@ -11,10 +11,14 @@ Decode-sized calls (one query, or up to 16) take a few microseconds of GPU time,
 the Python launch path; they are timed as CUDA-graph replays (``do_bench_cudagraph``), the
 way serving stacks run them, for attncc and the anchors alike.
 
-Bench inputs: floats ~ N(0, 1); an integer input over the key axis holds segment ids of
-``--documents`` equal documents; a page table holds a shuffled pool of pages (``--page``
-tokens each, 16 by default; rows with another size are labelled with it); any
-other integer input (cache lengths) holds the key length.
+Bench inputs: floats ~ N(0, 1) in ``--dtype`` (inputs declared ``f32`` in float32; FP8
+ones rounded to e4m3, an FP8 value tensor stored key-major as ``attncc.fp8.quantize`` writes
+it); an integer input over the key axis holds segment ids of ``--documents`` equal
+documents; a page table holds a shuffled pool of pages (``--page`` tokens each, 16 by
+default; rows with another size are labelled with it); any other integer input (cache
+lengths) holds the key length; a table read by subscripts (FP8 descales per block of rows)
+holds every entry the spec reads at its params' defaults. FP8 specs' anchors run on the
+same values in bfloat16.
 """
 
 from __future__ import annotations
@@ -33,7 +37,13 @@ from typing import Any, TypeVar
 import torch
 
 import attncc
-from attncc.checking import derive_sizes, index_tensor_dims
+from attncc.checking import (
+    derive_sizes,
+    index_tensor_dims,
+    param_defaults,
+    size_table_dims,
+    table_dims,
+)
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of
 from attncc.runtime.timing import cold_copies, median_ms
@@ -136,6 +146,19 @@ def sizes_for(kernel: ir.AttentionKernel, shape: Shape, page: int = 16) -> dict[
             "so they take no value dim of their own"
         )
     derive_sizes(kernel, sizes, shape.seq, page=page)
+    tables = table_dims(kernel)
+    if tables:
+        # tables read by subscripts hold every entry the spec reads at its int params'
+        # defaults (FP8 descales: ceil(M / block_m) of them); one where the reads cannot be
+        # bounded (a bucket table sized by its own dim)
+        defaults = param_defaults(kernel, sizes, {})
+        at_defaults = {
+            p.name: (int(defaults[p.name]),) * 2
+            for p in kernel.params
+            if p.type == "int" and p.name in defaults
+        }
+        size_table_dims(kernel, sizes, tables, at_defaults, lambda need: max(need or 1, 1))
+        derive_sizes(kernel, sizes, shape.seq, page=page)
     # a page pool with a page for every slot of the page table
     for tensor, dim in index_tensor_dims(kernel).items():
         sizes[dim] = math.prod(sizes[d] for d in kernel.tensor(tensor).dims)
@@ -167,11 +190,33 @@ def bench_inputs(
             else:
                 tensor = torch.full(shape, key_size, dtype=int_dtype, device=device)
         elif arg.role == "aux":
-            tensor = torch.rand(shape, device=device).to(dtype) * 0.1
+            declared = torch.float32 if arg.dtype == "f32" else dtype
+            tensor = torch.rand(shape, device=device).to(declared) * 0.1
+        elif arg.dtype == "f8e4m3":
+            values = torch.randn(shape, device=device).to(torch.float8_e4m3fn)
+            key_major = arg.name == kernel.value.tensor
+            tensor = _keys_innermost(kernel, values) if key_major else values
         else:
-            tensor = torch.randn(shape, device=device, dtype=dtype)
+            declared = torch.float32 if arg.dtype == "f32" else dtype
+            tensor = torch.randn(shape, device=device, dtype=declared)
         inputs[arg.name] = tensor
     return inputs
+
+
+def _keys_innermost(kernel: ir.AttentionKernel, value: torch.Tensor) -> torch.Tensor:
+    """``value`` (the value operand's tensor) copied to storage with its key axis innermost,
+    as ``attncc.fp8.quantize`` writes an FP8 v: FP8 tensor cores take P·V's second operand
+    that way, and the FP8 kernels multiply P·V in FP8 only then."""
+    indices = kernel.value.indices
+    key = next(
+        i
+        for i, s in enumerate(indices)
+        if isinstance(s, ir.Index) and s.name == kernel.key_axis.index
+    )
+    order = [i for i in range(value.dim()) if i != key] + [key]
+    storage = torch.empty([value.shape[i] for i in order], dtype=value.dtype, device=value.device)
+    view = storage.permute(*sorted(range(value.dim()), key=order.__getitem__))
+    return view.copy_(value)
 
 
 def _indices(kernel: ir.AttentionKernel, b: Any, h: Any, m: Any, n: Any) -> dict[str, Any]:
@@ -239,6 +284,10 @@ def anchor_runners(
     v = _bhsd(
         kernel.value, kernel.key_axis.index, kernel.value_axis.index, inputs[kernel.value.tensor]
     )
+    if q.dtype == torch.float8_e4m3fn:
+        # FP8 specs: the anchors run the same spec on the values in bfloat16 (SDPA has no
+        # FP8 path in torch 2.11; Flex reads the descales as captured tensors)
+        q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
     if k.dim() != 4 or v.dim() != 4:
         # K/V read through a view (a paged cache): no anchor reads that layout; compare with
         # the same spec over a contiguous cache instead (examples/decode.attn)

@@ -13,7 +13,7 @@ float64 by ``compare_grad``, the bound set by the same math done eagerly in the 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,16 +202,10 @@ def _draw_table_dims(
     least one past the largest subscript the spec reads them with (as ``make_inputs`` draws
     integer inputs), plus up to as many again; 1..64 where a subscript cannot be bounded.
     Drawn at 1..3 these passed a packed-cache spec whose reads never left the first rows."""
-    todo = [d for d in kernel.dims if d not in _known_dims(kernel) and d not in fixed]
+    todo = [d for d in table_dims(kernel) if d not in fixed]
     if not todo:
         return False
-    axes = [*kernel.batch_axes, kernel.key_axis, kernel.head_axis, kernel.value_axis]
-    if kernel.query_axis is not None:
-        axes.append(kernel.query_axis)
-    index_dims = {a.index: a.dim for a in axes}
     key_size = sizes[kernel.key_axis.dim]
-    indexing = index_tensor_dims(kernel)
-    pending = set(todo)
     # int params as draw_params draws them (1..key length + 1), or their default: a block
     # size divides a row index (an FP8 descale per block of rows, k_descale[b, h, n / block])
     defaults = param_defaults(kernel, sizes, {})
@@ -223,6 +217,40 @@ def _draw_table_dims(
         for p in kernel.params
         if p.type == "int"
     }
+
+    def pick(need: int | None) -> int:
+        if need is None:
+            return int(rng.integers(TABLE_SIZES[0], TABLE_SIZES[1] + 1))
+        return max(need, 1) + int(rng.integers(0, max(need, 1) + 1))
+
+    size_table_dims(kernel, sizes, todo, int_params, pick)
+    return True
+
+
+def table_dims(kernel: AttentionKernel) -> list[str]:
+    """The dims no role covers: they size tables the spec reads by subscripts (a packed
+    cache's tokens, a bucket table's entries, FP8 descales per block of rows)."""
+    known = _known_dims(kernel)
+    return [d for d in kernel.dims if d not in known]
+
+
+def size_table_dims(
+    kernel: AttentionKernel,
+    sizes: dict[str, int],
+    todo: Sequence[str],
+    int_params: Mapping[str, tuple[int, int]],
+    pick: Callable[[int | None], int],
+) -> None:
+    """Size each dim of ``todo`` in turn: ``pick`` of one past the largest subscript the spec
+    reads it with, for these ``sizes`` and int params in their ``int_params`` ranges (None
+    where a subscript cannot be bounded)."""
+    axes = [*kernel.batch_axes, kernel.key_axis, kernel.head_axis, kernel.value_axis]
+    if kernel.query_axis is not None:
+        axes.append(kernel.query_axis)
+    index_dims = {a.index: a.dim for a in axes}
+    key_size = sizes[kernel.key_axis.dim]
+    indexing = index_tensor_dims(kernel)
+    pending = set(todo)
 
     def bounds(e: ir.Expr) -> tuple[int, int] | None:
         """The integer range of ``e`` over these sizes and drawn inputs (None: unknown)."""
@@ -264,14 +292,9 @@ def _draw_table_dims(
     reads = list(_subscripts(kernel))
     for dim in todo:
         largest: list[tuple[int, int] | None] = [bounds(sub) for d, sub in reads if d == dim]
-        if largest and all(r is not None for r in largest):
-            need = max(r[1] for r in largest if r is not None) + 1
-            size = max(need, 1) + int(rng.integers(0, max(need, 1) + 1))
-        else:
-            size = int(rng.integers(TABLE_SIZES[0], TABLE_SIZES[1] + 1))
-        sizes[dim] = size
+        bounded = bool(largest) and all(r is not None for r in largest)
+        sizes[dim] = pick(max(r[1] for r in largest if r is not None) + 1 if bounded else None)
         pending.discard(dim)
-    return True
 
 
 def _int_op(op: str, a: int, b: int) -> int:

@@ -5,16 +5,22 @@ medians (L2 cleared before each call), rounds alternating as in ``attncc.bench``
 
 - ``bf16``: ``examples/fused.attn`` (``causal.attn``) on bf16 q, k, v, the default target
   (the CUDA kernels on an H100/H200), and ``bf16 triton`` the Triton target's;
-- ``fp8``: ``examples/fp8_block.attn`` (with ``mask m >= n`` for causal) on
+- ``fp8``: ``examples/fp8_block.attn`` (``fp8_causal.attn`` for causal) on
   ``attncc.fp8.quantize``'s output (block 128x128: v key-major, P·V in FP8);
 - ``quantize`` and ``quantize+H``: ``attncc.fp8.quantize(q, k, v, block=(128, 128))`` without
   and with the Hadamard rotation (one Triton kernel per tensor), from bf16 inputs;
 - ``quantize (torch)`` and ``quantize+H (torch)``: the same through ``attncc.fp8.quantize_torch``
   (torch eager ops), for comparison;
+- ``quantize graphed`` and ``quantize+H graphed``: ``quantize`` replayed from a CUDA graph (its
+  GPU time, no host time);
+- ``quantize, fp8`` and ``quantize+H, fp8``: quantisation then the FP8 kernel, eager, as a
+  user calls them (quantize's host time overlaps the kernel before it);
 
-and prints fp8's speedup over bf16 (issue target >= 1.5x) and quantisation's time as a share
-of the FP8 kernel's (target <= 10% at 8k). ``--configs`` also times the FP8 kernels at each
-launch configuration given (the heuristic table's sweep). Needs a CUDA GPU.
+and prints fp8's speedup over bf16 (issue target >= 1.5x), quantisation's time as a share
+of the FP8 kernel's (target <= 10% at 8k): alone, graphed, and what it adds to the eager
+pair, and the CPU time to issue one ``quantize`` call (50 calls, unsynchronised).
+``--configs`` also times the FP8 kernels at each launch configuration given (the heuristic
+table's sweep). Needs a CUDA GPU.
 
     python3 benchmarks/fp8_speed.py [--shape 1,16,8192,128] [--rounds 3]
         [--configs "BLOCK_M,BLOCK_N,num_warps,num_stages;..."]
@@ -29,9 +35,10 @@ from pathlib import Path
 
 import torch
 import triton.testing
+from calls import issue_us  # benchmarks/: the script's own folder is on sys.path
 
 import attncc
-from attncc.fp8 import quantize, quantize_torch
+from attncc.fp8 import Fp8Inputs, quantize, quantize_torch
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 BLOCK = (128, 128)
@@ -69,17 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16)
         for _ in range(3)
     )
-    fp8_text = (EXAMPLES / "fp8_block.attn").read_text()
     kernels = {
         "bf16": attncc.compile(EXAMPLES / "fused.attn"),
         "bf16 triton": attncc.compile(EXAMPLES / "fused.attn", target="triton"),
-        "fp8": attncc.compile(fp8_text),
+        "fp8": attncc.compile(EXAMPLES / "fp8_block.attn"),
         "bf16 causal": attncc.compile(EXAMPLES / "causal.attn"),
         "bf16 triton causal": attncc.compile(EXAMPLES / "causal.attn", target="triton"),
-        "fp8 causal": attncc.compile(causal_fp8(fp8_text)),
+        "fp8 causal": attncc.compile(EXAMPLES / "fp8_causal.attn"),
     }
     x = quantize(q, k, v, block=BLOCK)
-    fp8_args = (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
+    fp8_args = unpacked(x)
     blocks = {"block_m": BLOCK[0], "block_n": BLOCK[1]}
     calls: dict[str, Callable[[], object]] = {}
     for key, kernel in kernels.items():
@@ -94,12 +100,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             calls[f"{key} {bm}x{bn} w{warps} s{stages}"] = pinned(
                 kernels[key], fp8_args, blocks, config
             )
-    calls |= {
+    quantizers = {
         "quantize": lambda: quantize(q, k, v, block=BLOCK),
         "quantize+H": lambda: quantize(q, k, v, block=BLOCK, hadamard=True),
+    }
+    calls |= quantizers | {
         "quantize (torch)": lambda: quantize_torch(q, k, v, block=BLOCK),
         "quantize+H (torch)": lambda: quantize_torch(q, k, v, block=BLOCK, hadamard=True),
     }
+    fp8 = kernels["fp8"]
+    for key, quantizer in quantizers.items():
+        calls[f"{key} graphed"] = graphed(quantizer)
+        calls[f"{key}, fp8"] = lambda f=quantizer: fp8(*unpacked(f()), **blocks)
     times = time_rounds(calls, args.rounds)
     name = torch.cuda.get_device_name()
     print(f"{name}, torch {torch.__version__}, triton {triton.__version__}, shape {args.shape}")
@@ -115,20 +127,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"fp8{mask} / bf16{mask}: {times[f'bf16{mask}'] / fp8_ms:.2f}x (target >= 1.5x), "
             f"/ bf16 triton{mask}: {times[f'bf16 triton{mask}'] / fp8_ms:.2f}x"
         )
-    share = times["quantize"] / times["fp8"]
-    share_h = times["quantize+H"] / times["fp8"]
-    print(f"quantize: {share:.0%} of the fp8 kernel, with Hadamard {share_h:.0%} (target <= 10%)")
+    for how, suffix in (("alone", ""), ("graphed", " graphed")):
+        share = times[f"quantize{suffix}"] / times["fp8"]
+        share_h = times[f"quantize+H{suffix}"] / times["fp8"]
+        print(
+            f"quantize {how}: {share:.0%} of the fp8 kernel, with Hadamard {share_h:.0%} "
+            "(target <= 10%)"
+        )
+    added = times["quantize, fp8"] / times["fp8"] - 1
+    added_h = times["quantize+H, fp8"] / times["fp8"] - 1
+    print(f"quantize, fp8 (eager): +{added:.0%} on the fp8 kernel, with Hadamard +{added_h:.0%}")
+    for key, quantizer in quantizers.items():
+        print(f"{key}: {issue_us(quantizer, calls=50):.1f} us of CPU time a call")
     torch_share = times["quantize (torch)"] / times["fp8"]
     torch_share_h = times["quantize+H (torch)"] / times["fp8"]
     print(f"quantize (torch): {torch_share:.0%}, with Hadamard {torch_share_h:.0%}")
     return 0
 
 
-def causal_fp8(text: str) -> str:
-    """The FP8 example with a causal mask."""
-    causal = text.replace("p = softmax(s, n)", "mask m >= n\np = softmax(s, n)")
-    assert causal != text
-    return causal
+def unpacked(x: Fp8Inputs) -> tuple[torch.Tensor, ...]:
+    return (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` captured in a CUDA graph (after warm-up calls on a side stream): its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def pinned(

@@ -41,6 +41,8 @@ GQA += ["1,32:8,16384,128"]
 DECODE = ["1,32:8,8192,128", "8,32:8,8192,128", "1,32:8,32768,128", "8,32:8,32768,128"]
 GRACE = 30.0  # seconds a measuring process may run past the deadline to finish its shape
 VARIANTS = ("causal", "fused", "sliding_window", "alibi", "softcap", "document_mask")
+# FP8 inputs (Triton, D=128): the FP8 column, beside the bf16 rows of fused and causal
+FP8_VARIANTS = ("fp8_block", "fp8_causal")
 
 
 # the CUDA target's column: bf16 at 4k (D=128) for every variant, and decode
@@ -77,11 +79,14 @@ class Job:
 
 def matrix(dtypes: list[str], target: str = "triton") -> list[Job]:
     """Measure jobs: one process per (spec, dtype, target), the bf16 half first (the
-    targets), then (Triton's matrix) the CUDA target's column, the fp16 half and decode."""
+    targets, then the FP8 column), then (Triton's matrix) the CUDA target's column, the fp16
+    half and decode."""
     jobs = []
     for dtype in dtypes:
         jobs += [Job(spec, dtype, tuple(D128 + D64 + ODD), target) for spec in VARIANTS]
         jobs.append(Job("gqa_causal", dtype, tuple(GQA), target))
+        if dtype == "bf16":  # the FP8 column: e4m3 inputs whatever the dtype (auto: Triton)
+            jobs += [Job(spec, dtype, tuple(D128), target) for spec in FP8_VARIANTS]
         if dtype == "bf16" and target == "triton":  # the CUDA column, before the fp16 half
             for spec in (*VARIANTS, "gqa_causal", "decode", "paged_decode"):
                 jobs.append(Job(spec, "bf16", CUDA_SHAPES.get(spec, ("4,16,4096,128",)), "cuda"))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from script_module import load_script
 
 import attncc
@@ -16,11 +17,13 @@ from attncc.bench import (
     RunPlan,
     Shape,
     Startup,
+    bench_inputs,
     default_shapes,
     format_rows,
     sizes_for,
     time_rounds,
 )
+from attncc.runtime.jit import interpreter
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -43,6 +46,30 @@ def test_sizes_for_a_value_dim_of_its_own() -> None:
     causal = attncc.optimise(EXAMPLES / "causal.attn")[1]
     with pytest.raises(ValueError, match="take no value dim of their own"):
         sizes_for(causal, Shape(4, 16, None, 4096, 192, 128))
+
+
+def test_fp8_inputs_are_what_quantize_makes() -> None:
+    """The FP8 example's bench inputs: descale tables of ceil(S / 128) entries (they held one,
+    and the kernel read past it), e4m3 q, k and v with v key-major (its P·V in FP8), float32
+    descales as declared; the kernel runs on them and agrees with its bfloat16 reading."""
+    kernel = attncc.compile(EXAMPLES / "fp8_block.attn", target="triton")
+    sizes = sizes_for(kernel.ir, Shape(1, 2, None, 300, 64))
+    assert (sizes["MB"], sizes["NB"]) == (3, 3)
+    inputs = bench_inputs(kernel.ir, sizes, torch.bfloat16, 4, device="cpu")
+    assert {inputs[n].dtype for n in ("q", "k", "v")} == {torch.float8_e4m3fn}
+    assert inputs["v"].stride(-2) == 1 and inputs["q"].stride(-1) == 1
+    assert inputs["q_descale"].dtype == torch.float32 and inputs["q_descale"].shape == (1, 2, 3)
+    with interpreter(True):
+        out = kernel(*(inputs[n] for n in kernel.input_names))
+    bf16 = {
+        n: t.to(torch.bfloat16) if t.dtype == torch.float8_e4m3fn else t for n, t in inputs.items()
+    }
+    q, k, v = (bf16[n].float() for n in ("q", "k", "v"))
+    rows = torch.arange(300) // 128
+    scores = q @ k.transpose(-1, -2) / 8.0
+    scores = scores * bf16["q_descale"][..., rows, None] * bf16["k_descale"][..., None, rows]
+    want = torch.softmax(scores, -1) @ (v * bf16["v_descale"][..., rows, None])
+    assert torch.allclose(out.float(), want, atol=0.05, rtol=0.1)
 
 
 def test_default_shapes_hold_16k_tokens() -> None:
@@ -103,7 +130,11 @@ def test_the_matrix_is_the_issues_and_warms_each_group_first() -> None:
     matrix = _matrix_module()
     jobs = matrix.matrix(["bf16", "fp16"])
     specs = {(j.spec, j.dtype) for j in jobs}
-    assert len(specs) == 2 * 7 + 2  # 7 prefill variants in two dtypes, two decode specs
+    # 7 prefill variants in two dtypes, the FP8 column (full and causal), two decode specs
+    assert len(specs) == 2 * 7 + 2 + 2
+    fp8 = [j for j in jobs if j.spec.startswith("fp8_")]
+    assert {(j.spec, j.dtype) for j in fp8} == {("fp8_block", "bf16"), ("fp8_causal", "bf16")}
+    assert all(Shape.parse(s).head_dim == 128 for j in fp8 for s in j.shapes)
     for job in jobs:
         assert (EXAMPLES / f"{job.spec}.attn").exists()
         for shape in map(Shape.parse, job.shapes):
@@ -118,9 +149,11 @@ def test_the_matrix_is_the_issues_and_warms_each_group_first() -> None:
         assert len({s.rsplit(",", 1)[1] for s in job.shapes}) == 1
     assert "--warm" in warm[0].command("m.jsonl", True)
     assert "--warm" not in jobs[0].command("m.jsonl", False)
-    # the CUDA column: every variant and decode once, bf16, labelled as `attncc bench` does
+    # the CUDA column: every variant and decode once (FP8 has no CUDA kernel), bf16, labelled
+    # as `attncc bench` does
     cuda = [j for j in jobs if j.target == "cuda"]
-    assert {j.spec for j in cuda} == {j.spec for j in jobs} and {j.dtype for j in cuda} == {"bf16"}
+    assert {j.spec for j in cuda} == {j.spec for j in jobs} - {"fp8_block", "fp8_causal"}
+    assert {j.dtype for j in cuda} == {"bf16"}
     assert cuda[0].label == f"{cuda[0].spec} [cuda]"
     assert cuda[0].command("m.jsonl", False)[-2:] == ["--target", "cuda"]
 

@@ -306,6 +306,7 @@ MASK_PLANS = {
     "fused": ([], [], []),
     "bias": ([], [], []),
     "fp8_block": ([], [], []),
+    "fp8_causal": ([], [("m + 1", 1)], []),
     "relative_bias": ([], [], []),
     "sinks": ([("m + N - M - window + 1", 1)], [("m + N - M + 1", 1)], []),
 }

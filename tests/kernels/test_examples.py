@@ -37,6 +37,8 @@ REFUSED = {
     ("sinks", "split_kv"): "a softmax sink runs fused only",
     ("fp8_block", "naive"): "FP8 inputs run fused only",
     ("fp8_block", "split_kv"): "FP8 inputs run fused only",
+    ("fp8_causal", "naive"): "FP8 inputs run fused only",
+    ("fp8_causal", "split_kv"): "FP8 inputs run fused only",
 }
 
 
@@ -55,7 +57,7 @@ def test_example_passes_check(name: str, schedule: str) -> None:
     assert all(r.ok for r in results), f"{name} ({schedule}):\n{table(results)}"
     combos = {(r.case.dtype, r.case.layout) for r in results}
     # q, k and v declared in one dtype (FP8) are drawn in it
-    dtypes = [operand_dtype(compiled(name, schedule).ir)] if name == "fp8_block" else DTYPES
+    dtypes = [operand_dtype(compiled(name, schedule).ir)] if name.startswith("fp8_") else DTYPES
     assert combos == {(d, layout) for d in dtypes for layout in LAYOUTS}
     # real comparisons happened: finite errors within bounds, bounds above the floor
     assert all(0.0 <= r.output.error <= r.output.bound for r in results)
