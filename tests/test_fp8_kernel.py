@@ -177,8 +177,8 @@ def test_rounding_ties_subnormals_zeros_and_nan() -> None:
 @pytest.mark.usefixtures("kernel_only")
 def test_a_repeated_geometry_replays_its_recorded_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     """A geometry's first call is recorded, later ones replay it with their own tensors
-    (attncc.runtime.triton_plan); another layout or dtype of the same shape records its own.
-    Every call gives the torch path's bits."""
+    (attncc.runtime.triton_plan) and skip the checks; another layout or dtype of the same
+    shape records its own. Every call gives the torch path's bits."""
     monkeypatch.setattr(attncc.fp8, "_PLANS", Plans())
     recorded: list[tuple[int, ...]] = []
     record = triton_plan.record
@@ -188,6 +188,14 @@ def test_a_repeated_geometry_replays_its_recorded_launch(monkeypatch: pytest.Mon
         return record(module, launch, tensors, compiled)
 
     monkeypatch.setattr(triton_plan, "record", counted)
+    checked: list[bool] = []
+    quantize_all = attncc.fp8._quantize
+
+    def full_path(*args, kernel: bool):  # type: ignore[no-untyped-def]
+        checked.append(kernel)
+        return quantize_all(*args, kernel=kernel)
+
+    monkeypatch.setattr(attncc.fp8, "_quantize", full_path)
     calls = [
         (
             randn((1, 2, 100, 64), seed, torch.float32),
@@ -204,6 +212,8 @@ def test_a_repeated_geometry_replays_its_recorded_launch(monkeypatch: pytest.Mon
         records.append(len(recorded))
     # q, k and key-major v in one plan; then none; q's new layout; bfloat16
     assert records == [1, 1, 2, 3]
+    # the repeated geometry replayed without the checks and job choices of a full call
+    assert checked.count(True) == 3
 
 
 def test_torch_path_outside_the_kernel_cases() -> None:

@@ -187,3 +187,9 @@ def test_fp8_quantize_kernel_matches_torch_on_gpu(dtype: torch.dtype, d: int) ->
         assert got.k_descale[1, 2, 1] == 1.0 and got.v[0, 1, 5, 3].float().isnan()
         amax = v[0, 1, :64].float().nan_to_num(0.0).abs().amax()
         assert got.v_descale[0, 1, 0] == amax / torch.full_like(amax, 448.0)
+    # the last call's geometry again, new values: a replay of its recorded launches
+    again = quantize(q * 0.5, k, v, block=(128, 64), hadamard=True)
+    want = quantize_torch(q * 0.5, k, v, block=(128, 64), hadamard=True)
+    for name in ("q", "k", "v", "q_descale", "k_descale", "v_descale"):
+        a, b = getattr(again, name), getattr(want, name)
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
