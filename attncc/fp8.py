@@ -211,7 +211,8 @@ def _replayed(
     """A repeated call's replay of the plan its geometry recorded (``_quantize_kernel``), or
     None. The checks are not repeated: the plan's key holds everything they read (shapes,
     strides, dtypes, devices, the block and the rotation), and a plan is recorded only after
-    they passed. A quarter of a ``quantize`` call's host time (H200) was theirs."""
+    they passed. A replayed call took 100-102 us of CPU against the full path's 142-143 (one
+    process on an H200 host, three 16 x 8192 x 128 tensors)."""
     jobs = _jobs(q, k, v, block[0], block[1], hadamard)
     tensors = {"q": q, "k": k, "v": v}
     plan = _PLANS.get(Plans.key(tensors, _plan_params(jobs), False, False))
