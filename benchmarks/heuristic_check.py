@@ -17,8 +17,8 @@ configuration and time, the best candidate's, table / best, and MISS above 1.10;
 line the worst ratio and the number of misses. ``--json`` appends a line per case as it
 finishes (a run cut short keeps what it measured).
 
-Default cases: the matrix's bf16 Triton prefill variants at S=4096, D=128 and its decode
-cases (benchmarks/matrix.py).
+Default cases: the matrix's bf16 Triton prefill variants at S=4096, D=128 (its FP8 column's
+too) and its decode cases (benchmarks/matrix.py).
 """
 
 from __future__ import annotations

@@ -105,7 +105,8 @@ def test_default_and_selected_cases(script: ModuleType) -> None:
     cases = script.default_cases()
     assert ("causal", "4,16,4096,128") in cases and ("gqa_causal", "4,32:8,4096,128") in cases
     assert ("decode", "8,32:8,32768,128") in cases and ("paged_decode", "1,32:8,8192,128") in cases
-    assert len(cases) == 6 + 1 + 2 * 4  # 6 variants and GQA at 4k, decode and paged x 4
+    assert ("fp8_causal", "4,16,4096,128") in cases  # the FP8 row of the table too
+    assert len(cases) == 6 + 1 + 2 + 2 * 4  # 6 variants, GQA, 2 FP8 at 4k; decode, paged x 4
     assert not any(shape.endswith(",64") or ",1024," in shape for _, shape in cases)
     assert script.select("decode", False) == [c for c in cases if c[0] == "decode"]
     assert script.select("fused 2,4,512,64", False) == [("fused", "2,4,512,64")]
