@@ -179,6 +179,7 @@ def bench_inputs(
     inputs = {}
     for arg in kernel.tensors:
         shape = [sizes[d] for d in arg.dims]
+        declared = torch.float32 if arg.dtype == "f32" else dtype  # float inputs' dtype
         if arg.name in indexing:  # page ids: every page used once, in a shuffled order
             ids = torch.randperm(sizes[indexing[arg.name]], device=device)[: math.prod(shape)]
             tensor = ids.reshape(shape).to(torch.int32 if arg.dtype == "i32" else torch.int64)
@@ -190,14 +191,12 @@ def bench_inputs(
             else:
                 tensor = torch.full(shape, key_size, dtype=int_dtype, device=device)
         elif arg.role == "aux":
-            declared = torch.float32 if arg.dtype == "f32" else dtype
             tensor = torch.rand(shape, device=device).to(declared) * 0.1
         elif arg.dtype == "f8e4m3":
             values = torch.randn(shape, device=device).to(torch.float8_e4m3fn)
             key_major = arg.name == kernel.value.tensor
             tensor = _keys_innermost(kernel, values) if key_major else values
         else:
-            declared = torch.float32 if arg.dtype == "f32" else dtype
             tensor = torch.randn(shape, device=device, dtype=declared)
         inputs[arg.name] = tensor
     return inputs

@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -215,7 +216,7 @@ def _replayed(
     process on an H200 host, three 16 x 8192 x 128 tensors)."""
     jobs = _jobs(q, k, v, block[0], block[1], hadamard)
     tensors = {"q": q, "k": k, "v": v}
-    plan = _PLANS.get(Plans.key(tensors, _plan_params(jobs), False, False))
+    plan = _PLANS.get(_plan_key(tensors, jobs))
     if plan is None:
         return None
     with interpreter(not q.is_cuda):
@@ -417,19 +418,21 @@ def _quantize_kernel(jobs: dict[str, _Job]) -> dict[str, tuple[torch.Tensor, tor
     interpreted = first.device.type == "cpu"
     if interpreted:
         require_interpreter()
-    key = Plans.key(tensors, _plan_params(jobs), False, False)
+    key = _plan_key(tensors, jobs)
     plan = _PLANS.get(key)
-    signs = {
-        name: _hadamard_signs(job.x.shape[-1], _padded(job.x.shape[-1]), job.x.device, job.x.dtype)
-        for name, job in jobs.items()
-        if job.rotate
-    }
     switch = first.is_cuda and first.device.index != torch.cuda.current_device()
     device = torch.cuda.device(first.device) if switch else contextlib.nullcontext()
     with interpreter(interpreted), device:
         result = plan(tensors) if plan is not None else None
         if result is None:
             module = _kernel_module(interpreted)
+            signs = {
+                name: _hadamard_signs(
+                    job.x.shape[-1], _padded(job.x.shape[-1]), job.x.device, job.x.dtype
+                )
+                for name, job in jobs.items()
+                if job.rotate
+            }
 
             def launch() -> tuple[torch.Tensor, ...]:
                 out: list[torch.Tensor] = []
@@ -447,13 +450,15 @@ def _quantize_kernel(jobs: dict[str, _Job]) -> dict[str, tuple[torch.Tensor, tor
     return _outputs(jobs, result)
 
 
-def _plan_params(jobs: dict[str, _Job]) -> dict[str, int | bool | None]:
-    """What a plan's key holds of the jobs besides their tensors."""
-    return {
+def _plan_key(tensors: dict[str, torch.Tensor], jobs: dict[str, _Job]) -> tuple[Any, ...] | None:
+    """The key of the jobs' plan: their tensors' geometry (``Plans.key``) and each job's
+    block, rotation and layout. The full path and a repeated call's replay both look it up."""
+    params = {
         f"{name}.{field}": getattr(job, field)
         for name, job in jobs.items()
         for field in ("rows", "rotate", "key_major")
     }
+    return Plans.key(tensors, params, False, False)
 
 
 def _outputs(
