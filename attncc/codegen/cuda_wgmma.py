@@ -12,9 +12,13 @@ from typing import Any
 WIDTHS = (64, 128, 192, 256)
 ROW_SUM_WIDTHS = (72,)
 ELEMENTS = (("bf16_t", "bf16"), ("f16_t", "f16"))
+# e4m3 (FP8): m64nNk32 shapes, both operands K-major (the PTX ISA allows no transposed FP8
+# operand: V comes key-major), so no transpose flags; no row-sum width
+FP8_ELEMENTS = (("f8e4m3_t", "e4m3"),)
 
 
 def _instruction(elem: str, ptx_type: str, n: int, a_in_registers: bool) -> dict[str, Any]:
+    fp8 = ptx_type == "e4m3"
     regs = n // 2
     accumulators = ", ".join(f"%{i}" for i in range(regs))
     outputs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
@@ -26,7 +30,10 @@ def _instruction(elem: str, ptx_type: str, n: int, a_in_registers: bool) -> dict
         a_operand = f"%{regs}"
         inputs = '"l"(desc_a), "l"(desc_b), "r"(accumulate)'
         b_index, tail = regs + 1, "1, 1, 0, 0"  # scale A, scale B, neither transposed
-    shape = f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type}"
+    if fp8:
+        tail = "1, 1"  # scale A, scale B: both operands K-major, no transpose flags
+    k = 32 if fp8 else 16
+    shape = f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx_type}.{ptx_type}"
     asm = (
         f"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{b_index + 1}, 0;\\n"
         f"{shape} {{{accumulators}}}, {a_operand}, %{b_index}, p, {tail};\\n}}\\n"
@@ -50,4 +57,9 @@ def instructions() -> list[dict[str, Any]]:
         for a_in_registers in (False, True)
         for elem, ptx_type in ELEMENTS
         for n in WIDTHS + (ROW_SUM_WIDTHS if a_in_registers else ())
+    ] + [
+        _instruction(elem, ptx_type, n, a_in_registers)
+        for a_in_registers in (False, True)
+        for elem, ptx_type in FP8_ELEMENTS
+        for n in WIDTHS
     ]

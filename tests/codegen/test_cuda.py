@@ -817,7 +817,8 @@ def test_rendering_without_any_variable_raises(template: str) -> None:
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found: CUDA sources are rendered, not compiled")
 def test_wgmma_probe_compiles_for_sm90a_and_traps_without_its_features(tmp_path: Path) -> None:
     """The warp-group MMA primitives (templates/cuda/wgmma.cu.jinja) compile for sm_90a to
-    the probes' wgmma instructions (8 for Q * K^T, 4 for P * V) with their fences; built for
+    the probes' wgmma instructions (8 for Q * K^T, 4 for P * V, and 4 each in e4m3) with their
+    fences; built for
     plain sm_90 (no wgmma) an MMA is a trap, never silent zeros. tests/gpu/test_gpu_cuda.py
     checks the numbers on an H100/H200."""
     source = tmp_path / "probe.cu"
@@ -831,6 +832,9 @@ def test_wgmma_probe_compiles_for_sm90a_and_traps_without_its_features(tmp_path:
         ptx[arch] = out.read_text()
     assert ptx["sm_90a"].count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 8
     assert ptx["sm_90a"].count("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4
+    # the FP8 probes: 4 k32 steps of Q * K^T, 4 of P * V (P packed with 2 shuffles a row)
+    assert ptx["sm_90a"].count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 8
+    assert ptx["sm_90a"].count("cvt.rn.satfinite.e4m3x2.f32") == 32
     fences = ("wgmma.fence", "wgmma.commit_group", "wgmma.wait_group", "fence.proxy.async")
     assert all(fence in ptx["sm_90a"] for fence in fences)
     assert "wgmma.mma_async" not in ptx["sm_90"] and "trap;" in ptx["sm_90"]

@@ -392,6 +392,57 @@ def test_wgmma_pv_probe_matches_a_matmul() -> None:
         raise AssertionError(f"P * V off by {assumed:.3g}; with the offsets swapped: {swapped:.3g}")
 
 
+def _fp8_probes() -> tuple[Any, Any]:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU (H100/H200)")
+    from attncc.codegen.cuda import render_wgmma_probe
+    from attncc.runtime import nvrtc
+
+    source = render_wgmma_probe()
+    names = ("attncc_wgmma_fp8_probe", "attncc_wgmma_fp8_pv_probe")
+    probes = nvrtc.kernels(source, nvrtc.source_key(source), (), names, torch.device("cuda"), "a")
+    return probes[0], probes[1]
+
+
+def test_wgmma_fp8_probe_matches_a_matmul() -> None:
+    """e4m3 operands K-major in 128-byte swizzled lines (128 elements a line), wgmma
+    m64n128k32: A * B^T of the FP8 values, summed in float32."""
+    from attncc.runtime import nvrtc
+
+    probe, _ = _fp8_probes()
+    gen = torch.Generator().manual_seed(2)
+    a = (torch.randn(64, 128, generator=gen) * 4).to(torch.float8_e4m3fn).cuda()
+    b = (torch.randn(128, 128, generator=gen) * 4).to(torch.float8_e4m3fn).cuda()
+    c = torch.full((64, 128), float("nan"), device="cuda")
+    args = [nvrtc.pointer(a), nvrtc.pointer(b), nvrtc.pointer(c)]
+    nvrtc.launch(probe, (1, 1, 1), (128, 1, 1), args, torch.device("cuda"))
+    torch.cuda.synchronize()
+    expected = a.double() @ b.double().T
+    # Hopper sums FP8 products with fewer bits than float32 (2^-13 or so of the sum, measured
+    # 3.6e-5 of the largest here); a misplaced element is off by its whole size
+    error = (c.double() - expected).abs().max().item() / expected.abs().max().item()
+    assert error <= 1e-3, error
+
+
+def test_wgmma_fp8_pv_probe_matches_a_matmul() -> None:
+    """P from registers, rounded to e4m3 and moved from the accumulator layout to the FP8 A
+    layout (e4m3_a_fragment's shuffles), times V key-major (wgmma m64n128k32): P * V of the
+    rounded P. A key landing in the wrong place shows as a large error."""
+    from attncc.runtime import nvrtc
+
+    _, probe = _fp8_probes()
+    gen = torch.Generator().manual_seed(3)
+    p = torch.rand(64, 128, generator=gen).cuda()
+    vt = (torch.randn(128, 128, generator=gen) * 4).to(torch.float8_e4m3fn).cuda()
+    o = torch.full((64, 128), float("nan"), device="cuda")
+    args = [nvrtc.pointer(p), nvrtc.pointer(vt), nvrtc.pointer(o)]
+    nvrtc.launch(probe, (1, 1, 1), (128, 1, 1), args, torch.device("cuda"))
+    torch.cuda.synchronize()
+    expected = p.to(torch.float8_e4m3fn).double() @ vt.double().T
+    error = (o.double() - expected).abs().max().item() / expected.abs().max().item()
+    assert error <= 1e-3, error  # the FP8 sums' precision, as in the probe above
+
+
 WGMMA_CONFIGS = [
     {"wgmma": 1, "num_warps": w, "BLOCK_N": n} for w, n in ((8, 128), (8, 64), (4, 128), (4, 64))
 ]
