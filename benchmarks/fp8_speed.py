@@ -6,7 +6,8 @@ medians (L2 cleared before each call), rounds alternating as in ``attncc.bench``
 - ``bf16``: ``examples/fused.attn`` (``causal.attn``) on bf16 q, k, v, the default target
   (the CUDA kernels on an H100/H200), and ``bf16 triton`` the Triton target's;
 - ``fp8``: ``examples/fp8_block.attn`` (``fp8_causal.attn`` for causal) on
-  ``attncc.fp8.quantize``'s output (block 128x128: v key-major, P·V in FP8);
+  ``attncc.fp8.quantize``'s output (block 128x128: v key-major, P·V in FP8), the default
+  target (Triton), and ``fp8 cuda`` the CUDA target's sm_90a kernel;
 - ``quantize`` and ``quantize+H``: ``attncc.fp8.quantize(q, k, v, block=(128, 128))`` without
   and with the Hadamard rotation (one Triton kernel per tensor), from bf16 inputs;
 - ``quantize (torch)`` and ``quantize+H (torch)``: the same through ``attncc.fp8.quantize_torch``
@@ -80,9 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bf16": attncc.compile(EXAMPLES / "fused.attn"),
         "bf16 triton": attncc.compile(EXAMPLES / "fused.attn", target="triton"),
         "fp8": attncc.compile(EXAMPLES / "fp8_block.attn"),
+        "fp8 cuda": attncc.compile(EXAMPLES / "fp8_block.attn", target="cuda"),
         "bf16 causal": attncc.compile(EXAMPLES / "causal.attn"),
         "bf16 triton causal": attncc.compile(EXAMPLES / "causal.attn", target="triton"),
         "fp8 causal": attncc.compile(EXAMPLES / "fp8_causal.attn"),
+        "fp8 cuda causal": attncc.compile(EXAMPLES / "fp8_causal.attn", target="cuda"),
     }
     x = quantize(q, k, v, block=BLOCK)
     fp8_args = unpacked(x)
@@ -122,11 +125,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate = f"{work / ms / 1e9:.0f} TFLOP/s" if not key.startswith("quantize") else ""
         print(f"{key:<28} {ms * 1e3:9.1f} us  {rate}")
     for mask in ("", " causal"):
-        fp8_ms = times[f"fp8{mask}"]
-        print(
-            f"fp8{mask} / bf16{mask}: {times[f'bf16{mask}'] / fp8_ms:.2f}x (target >= 1.5x), "
-            f"/ bf16 triton{mask}: {times[f'bf16 triton{mask}'] / fp8_ms:.2f}x"
-        )
+        for fp8_key in (f"fp8{mask}", f"fp8 cuda{mask}"):
+            fp8_ms = times[fp8_key]
+            print(
+                f"{fp8_key} / bf16{mask}: {times[f'bf16{mask}'] / fp8_ms:.2f}x (target >= 1.5x), "
+                f"/ bf16 triton{mask}: {times[f'bf16 triton{mask}'] / fp8_ms:.2f}x"
+            )
     for how, suffix in (("alone", ""), ("graphed", " graphed")):
         share = times[f"quantize{suffix}"] / times["fp8"]
         share_h = times[f"quantize+H{suffix}"] / times["fp8"]

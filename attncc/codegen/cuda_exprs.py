@@ -34,6 +34,7 @@ ELEMENT_TYPES = {
     "float": "elem_t",
     "f16": "f16_t",
     "bf16": "bf16_t",
+    "f8e4m3": "f8e4m3_t",
     "f32": "float",
     "i32": "int",
     "i64": "long long",

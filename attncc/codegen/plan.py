@@ -22,7 +22,7 @@ from attncc.codegen.exprs import (
     tensor_var,
 )
 from attncc.ir import nodes as ir
-from attncc.ir.verify import indices_of
+from attncc.ir.verify import indices_of, subexprs
 from attncc.spec import ast
 
 PartKind = Literal["row", "col", "key", "replaced", "gather", "base"]
@@ -369,3 +369,43 @@ def lse_permutation(kernel: ir.AttentionKernel) -> tuple[int, ...]:
     written += [kernel.query_axis.index] if kernel.query_axis else []
     order = kernel.lse_order or tuple(written)
     return tuple(written.index(i) for i in order)
+
+
+def score_factors(mods: tuple[ir.Expr, ...]) -> tuple[list[ir.Expr], tuple[ir.Expr, ...]]:
+    """The factors of the leading score mods that only multiply the score (a product with
+    the score once among its leaves, ``s * a * b``), and the mods after them."""
+    factors: list[ir.Expr] = []
+    for i, mod in enumerate(mods):
+        leaves = _product_leaves(mod)
+        if leaves is None or sum(isinstance(leaf, ir.Score) for leaf in leaves) != 1:
+            return factors, mods[i:]
+        rest = [leaf for leaf in leaves if not isinstance(leaf, ir.Score)]
+        if any(isinstance(e, ir.Score) for leaf in rest for e in subexprs(leaf)):
+            return factors, mods[i:]
+        factors += rest
+    return factors, ()
+
+
+def _product_leaves(expr: ir.Expr) -> list[ir.Expr] | None:
+    """The operands of a float product tree (None where ``expr`` is not a product)."""
+    if not (isinstance(expr, ir.BinOp) and expr.op == "*" and expr.type == "float"):
+        return None
+    leaves = []
+    for side in (expr.left, expr.right):
+        inner = _product_leaves(side)
+        leaves += inner if inner is not None else [side]
+    return leaves
+
+
+def key_block(expr: ir.Expr, key: str) -> bool:
+    """``key / B``, B a positive int literal or an int param (its sign checked on the host)."""
+    if not (isinstance(expr, ir.BinOp) and expr.op == "/" and expr.type == "int"):
+        return False
+    if expr.left != ir.Index(key):
+        return False
+    match expr.right:
+        case ir.Param(type="int"):
+            return True
+        case ir.Const(value=value, type="int"):
+            return not isinstance(value, bool) and int(value) > 0
+    return False

@@ -412,7 +412,7 @@ class _Context:
         found: dict[ir.Expr, str] = {}
         for expr in exprs:
             for e in subexprs(expr):
-                if _key_block(e, self.key) and e not in found:
+                if plan.key_block(e, self.key) and e not in found:
                     found[e] = f"key_block_{len(found)}"
         return found
 
@@ -429,7 +429,7 @@ class _Context:
         query index there), not a tile."""
         env = env or self.env()
         scale = cx.triton_expr(self.k.score_scale, env)
-        factors, mods = _score_factors(self.k.score_mods)
+        factors, mods = plan.score_factors(self.k.score_mods)
         hoisted = [f for f in factors if hoist and self.key not in indices_of(f)]
         per_tile = [f"({cx.triton_expr(f, env)})" for f in factors if f not in hoisted]
         if hoisted:
@@ -709,46 +709,6 @@ class _Context:
             ),
             **self.host_tables(),
         }
-
-
-def _score_factors(mods: tuple[ir.Expr, ...]) -> tuple[list[ir.Expr], tuple[ir.Expr, ...]]:
-    """The factors of the leading score mods that only multiply the score (a product with
-    the score once among its leaves, ``s * a * b``), and the mods after them."""
-    factors: list[ir.Expr] = []
-    for i, mod in enumerate(mods):
-        leaves = _product_leaves(mod)
-        if leaves is None or sum(isinstance(leaf, ir.Score) for leaf in leaves) != 1:
-            return factors, mods[i:]
-        rest = [leaf for leaf in leaves if not isinstance(leaf, ir.Score)]
-        if any(isinstance(e, ir.Score) for leaf in rest for e in subexprs(leaf)):
-            return factors, mods[i:]
-        factors += rest
-    return factors, ()
-
-
-def _product_leaves(expr: ir.Expr) -> list[ir.Expr] | None:
-    """The operands of a float product tree (None where ``expr`` is not a product)."""
-    if not (isinstance(expr, ir.BinOp) and expr.op == "*" and expr.type == "float"):
-        return None
-    leaves = []
-    for side in (expr.left, expr.right):
-        inner = _product_leaves(side)
-        leaves += inner if inner is not None else [side]
-    return leaves
-
-
-def _key_block(expr: ir.Expr, key: str) -> bool:
-    """``key / B``, B a positive int literal or an int param (its sign checked on the host)."""
-    if not (isinstance(expr, ir.BinOp) and expr.op == "/" and expr.type == "int"):
-        return False
-    if expr.left != ir.Index(key):
-        return False
-    match expr.right:
-        case ir.Param(type="int"):
-            return True
-        case ir.Const(value=value, type="int"):
-            return not isinstance(value, bool) and int(value) > 0
-    return False
 
 
 def _reads_index_outside(expr: ir.Expr, index: str, named: dict[ir.Expr, str]) -> bool:

@@ -4,11 +4,13 @@ A CUtensorMap is a 128-byte descriptor the driver encodes on the host
 (``cuTensorMapEncodeTiled``); the kernel takes it as a ``__grid_constant__`` parameter and
 its copy engine reads boxes of the tensor through it (launches: attncc.runtime.driver).
 
-The fused kernel copies K and V tiles: a box of 64 head-dim columns (128 bytes, the
-128-byte swizzle's line) by ``rows`` keys. Its map views an operand as three dimensions:
-the head dim (contiguous), the key axis (its stride) and the program's base offset in
-16-byte units (stride 16 bytes), so one map serves every program of a launch whatever the
-tensor's other axes are: a program passes its base offset / 8 as the third coordinate.
+The fused kernel copies K and V tiles: a box of 128 bytes of head-dim columns (the 128-byte
+swizzle's line: 64 16-bit columns, 128 FP8 ones) by ``rows`` keys. Its map views an operand
+as three dimensions: the head dim (contiguous), the key axis (its stride) and the program's
+base offset in 16-byte units (stride 16 bytes), so one map serves every program of a launch
+whatever the tensor's other axes are: a program passes its base offset in 16-byte units as
+the third coordinate. An FP8 V is key-major (keys contiguous, as FP8 MMAs read it): its map
+is (key, head dim, program base), a box of a line of keys by every head-dim column.
 The map's view overlaps itself along that axis, which addressing allows; elements past the
 key axis's length or the head dim arrive as zeros (the kernel's zero-fill of ragged tiles).
 """
@@ -25,42 +27,64 @@ import torch
 from attncc.runtime import driver
 
 # CUtensorMapDataType, CUtensorMapSwizzle, CUtensorMapL2promotion (cuda.h)
-_DATA_TYPES = {torch.float16: 6, torch.bfloat16: 9}
+_DATA_TYPES = {torch.float16: 6, torch.bfloat16: 9, torch.float8_e4m3fn: 0}  # FP8 as UINT8
 _SWIZZLE_128B = 3
 _L2_PROMOTION_256B = 3
 _MAP_BYTES = 128
-_BOX_COLUMNS = 64  # 128 bytes of 16-bit elements
+_LINE_BYTES = 128  # the swizzle's line: a box's innermost extent
 
 
 class TensorMapRefused(RuntimeError):
     """The driver would not encode a tensor map for these strides or sizes."""
 
 
-MapLayout = tuple[torch.dtype, int, int, int, int, int]
+# (dtype, cols, keys, stride, span, rows, key_major): encode_map's arguments after the pointer
+MapLayout = tuple[torch.dtype, int, int, int, int, int, bool]
 
 
 def key_tile_layout(
-    t: torch.Tensor, key_axis: int, col_axis: int, keys: int, cols: int, rows: int
+    t: torch.Tensor,
+    key_axis: int,
+    col_axis: int,
+    keys: int,
+    cols: int,
+    rows: int,
+    key_major: bool = False,
 ) -> MapLayout:
     """``encode``'s arguments after the pointer for the map of ``t``'s tiles of ``rows`` keys
-    by 64 head-dim columns (the module's docstring): keys [0, ``keys``) along ``key_axis``,
-    columns [0, ``cols``) along ``col_axis`` (contiguous); every other stride and the start
-    16-byte aligned (the caller's 16-byte-load check). The same for every tensor of ``t``'s
-    dtype, sizes and strides, so a launch plan keeps them and encodes each call's pointer."""
+    by a 128-byte line of head-dim columns (the module's docstring): keys [0, ``keys``) along
+    ``key_axis``, columns [0, ``cols``) along ``col_axis`` (contiguous); every other stride
+    and the start 16-byte aligned (the caller's 16-byte-load check). ``key_major``: the keys
+    contiguous instead (an FP8 V), a box of ``rows`` keys (one line) by ``cols`` columns. The
+    same for every tensor of ``t``'s dtype, sizes and strides, so a launch plan keeps them
+    and encodes each call's pointer."""
     others = [a for a in range(t.dim()) if a not in (key_axis, col_axis)]
-    span = sum((t.shape[a] - 1) * t.stride(a) for a in others) // 8 + 1
-    return t.dtype, cols, keys, t.stride(key_axis), span, rows
+    per_unit = 16 // t.element_size()  # elements a 16-byte unit of the program base
+    span = sum((t.shape[a] - 1) * t.stride(a) for a in others) // per_unit + 1
+    stride = t.stride(col_axis if key_major else key_axis)
+    return t.dtype, cols, keys, stride, span, rows, key_major
 
 
 def encode_map(
-    ptr: int, dtype: torch.dtype, cols: int, keys: int, key_stride: int, span: int, rows: int
+    ptr: int,
+    dtype: torch.dtype,
+    cols: int,
+    keys: int,
+    stride: int,
+    span: int,
+    rows: int,
+    key_major: bool = False,
 ) -> bytes:
     """The driver's map of the tensor at ``ptr`` with ``key_tile_layout``'s layout (the
     module's docstring); ``encode`` keeps the last 256."""
-    element = 2
-    dims = (ctypes.c_uint64 * 3)(cols, keys, span)
-    strides = (ctypes.c_uint64 * 2)(key_stride * element, 16)
-    box = (ctypes.c_uint32 * 3)(_BOX_COLUMNS, rows, 1)
+    element = torch.empty((), dtype=dtype).element_size()
+    if key_major:  # (key, column, program base): a box of `rows` keys by every column
+        dims = (ctypes.c_uint64 * 3)(keys, cols, span)
+        box = (ctypes.c_uint32 * 3)(rows, cols, 1)
+    else:  # (column, key, program base): a box of a line of columns by `rows` keys
+        dims = (ctypes.c_uint64 * 3)(cols, keys, span)
+        box = (ctypes.c_uint32 * 3)(_LINE_BYTES // element, rows, 1)
+    strides = (ctypes.c_uint64 * 2)(stride * element, 16)
     steps = (ctypes.c_uint32 * 3)(1, 1, 1)
     # the map must sit on a 64-byte boundary: a buffer with room to align it
     raw = ctypes.create_string_buffer(_MAP_BYTES + 64)
@@ -71,8 +95,8 @@ def encode_map(
     )  # fmt: skip
     if code != 0:
         raise TensorMapRefused(
-            f"cuTensorMapEncodeTiled: {driver.error_name(code)} (dims {cols}, {keys}, {span}; "
-            f"key stride {key_stride} elements; box 64 x {rows})"
+            f"cuTensorMapEncodeTiled: {driver.error_name(code)} (dims {list(dims)}; stride "
+            f"{stride} elements; box {list(box)})"
         )
     return ctypes.string_at(at, _MAP_BYTES)
 

@@ -36,9 +36,15 @@ def test_cuda_example_matches_reference(path: str, schedule: str) -> None:
         with pytest.raises(ValueError, match="target cuda has no softmax sink yet"):
             attncc.compile(path, target="cuda", schedule=schedule)  # type: ignore[arg-type]
         return
-    if lowered.fp8:  # the CUDA kernels have no FP8 tiles: refused
-        with pytest.raises(ValueError, match="target cuda has no FP8 inputs or value scales yet"):
+    if lowered.fp8 and schedule != "fused":  # FP8 runs fused only, on either target
+        with pytest.raises(ValueError, match="FP8 inputs run fused only"):
             attncc.compile(path, target="cuda", schedule=schedule)  # type: ignore[arg-type]
+        return
+    if lowered.fp8:
+        # the sm_90a FP8 kernel takes head dims up to 128 and quantize's key-major V, which
+        # check's drawn shapes and layouts are not: its own test below checks it on
+        # quantize's output (test_fp8_kernel_matches_the_triton_fp8_kernel_within_its_error)
+        assert attncc.compile(path, target="cuda").target == "cuda"
         return
     kernel = attncc.compile(path, target="cuda", schedule=schedule)  # type: ignore[arg-type]
     max_len = 120 if schedule == "split_kv" else 700
@@ -441,6 +447,43 @@ def test_wgmma_fp8_pv_probe_matches_a_matmul() -> None:
     expected = p.to(torch.float8_e4m3fn).double() @ vt.double().T
     error = (o.double() - expected).abs().max().item() / expected.abs().max().item()
     assert error <= 1e-3, error  # the FP8 sums' precision, as in the probe above
+
+
+@pytest.mark.parametrize("name", ["fp8_block", "fp8_causal"])
+# keys a multiple of 16: quantize's key-major V then has 16-byte strides, as a tensor map needs
+@pytest.mark.parametrize(("rows", "keys"), [(1000, 1024), (200, 704), (384, 256)])
+def test_fp8_kernel_matches_the_triton_fp8_kernel_within_its_error(
+    name: str, rows: int, keys: int
+) -> None:
+    """The CUDA target's FP8 kernel (e4m3 wgmma, P packed by e4m3_a_fragment, V key-major
+    through its tensor map, the value scale a tile) on quantize's output: within the FP8
+    error of the Triton target's FP8 kernel (both against float64 of the unquantised
+    inputs), ragged lengths included; the causal mask where the spec has it."""
+    import math
+
+    from attncc.fp8 import quantize
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUDA FP8 kernel needs an sm_90 GPU (H100/H200)")
+    gen = torch.Generator(device="cuda").manual_seed(rows + keys)
+    q = torch.randn(2, 3, rows, 128, device="cuda", generator=gen)
+    k, v = (torch.randn(2, 3, keys, 128, device="cuda", generator=gen) for _ in range(2))
+    x = quantize(q, k, v, block=(128, 128))
+    args = (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
+    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.attn"
+    cuda = attncc.compile(path, target="cuda")(*args)
+    triton_out = attncc.compile(path, target="triton")(*args)
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(128)
+    if name == "fp8_causal":
+        mask = torch.ones(rows, keys, dtype=torch.bool, device="cuda").tril()
+        s = s.masked_fill(~mask, float("-inf"))
+    exact = torch.softmax(s, -1).nan_to_num() @ v.double()
+
+    def rmse(out: torch.Tensor) -> float:
+        return float((out.double() - exact).pow(2).mean().sqrt())
+
+    assert cuda.dtype == torch.bfloat16 and torch.isfinite(cuda).all()
+    assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
 
 
 WGMMA_CONFIGS = [

@@ -135,7 +135,6 @@ def test_spec_errors(old: str, new: str, error: str) -> None:
     [
         ({"schedule": "naive"}, "cannot run naive: FP8 inputs run fused only"),
         ({"schedule": "split_kv"}, "cannot run split_kv: FP8 inputs run fused only"),
-        ({"target": "cuda"}, "target cuda has no FP8 inputs or value scales yet"),
     ],
 )
 def test_what_has_no_fp8_path_refuses(options: dict[str, str], error: str) -> None:
