@@ -199,20 +199,10 @@ class _Context:
         return " * ".join([*parts, "ATTNCC_LOG2E"])
 
     def key_blocks(self) -> dict[ir.Expr, str]:
-        """FP8 kernels' key blocks ``n / B`` (``k_descale[b, h, n / block_n]``), each named
-        ``key_block_<i>`` and computed once a tile (the host checks every B is a multiple of
-        the key tile), as the Triton backend's: a load a tile, not one a score."""
-        if not self.k.fp8:
-            return {}
-        exprs = [*self.k.score_mods, *self.k.masks]
-        if self.k.value_scale is not None:
-            exprs.append(self.k.value_scale)
-        found: dict[ir.Expr, str] = {}
-        for expr in exprs:
-            for e in subexprs(expr):
-                if plan.key_block(e, self.key) and e not in found:
-                    found[e] = f"key_block_{len(found)}"
-        return found
+        """FP8 kernels' key blocks (plan.key_blocks: ``k_descale[b, h, n / block_n]``),
+        computed once a tile (the host checks every block is a multiple of the key tile),
+        as the Triton backend's: a load a tile, not one a score."""
+        return plan.key_blocks(self.k) if self.k.fp8 else {}
 
     def exp_scale(self, env: cu.CudaEnv) -> str | None:
         """The log2-domain score scale, when scores are the scaled dot products and nothing

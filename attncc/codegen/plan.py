@@ -409,3 +409,20 @@ def key_block(expr: ir.Expr, key: str) -> bool:
         case ir.Const(value=value, type="int"):
             return not isinstance(value, bool) and int(value) > 0
     return False
+
+
+def key_blocks(kernel: ir.AttentionKernel) -> dict[ir.Expr, str]:
+    """The key loop's block indices ``n / B`` (the key index over a positive int param or
+    literal: ``k_descale[b, h, n / block_n]``) in the score mods, masks and value scale,
+    each named ``key_block_<i>``: a kernel whose key tiles each lie in one block (B a
+    multiple of the tile, which its host checks) computes them once a tile."""
+    key = kernel.key_axis.index
+    exprs = [*kernel.score_mods, *kernel.masks]
+    if kernel.value_scale is not None:
+        exprs.append(kernel.value_scale)
+    found: dict[ir.Expr, str] = {}
+    for expr in exprs:
+        for e in subexprs(expr):
+            if key_block(e, key) and e not in found:
+                found[e] = f"key_block_{len(found)}"
+    return found

@@ -401,20 +401,11 @@ class _Context:
         }
 
     def key_blocks(self) -> dict[ir.Expr, str]:
-        """The key loop's block indices ``n / B`` (the key index over a positive int param or
-        literal: ``k_descale[b, h, n / block_n]``), each named ``key_block_<i>``. Where every
-        B is a multiple of BLOCK_N (the host's KEY_BLOCKS_ALIGNED), a tile's keys share one
-        block, and the kernel reads one value a tile: per key, the integer division and the
-        load cost each thread one of each per key it holds."""
-        exprs = [*self.k.score_mods, *self.k.masks]
-        if self.k.value_scale is not None:
-            exprs.append(self.k.value_scale)
-        found: dict[ir.Expr, str] = {}
-        for expr in exprs:
-            for e in subexprs(expr):
-                if plan.key_block(e, self.key) and e not in found:
-                    found[e] = f"key_block_{len(found)}"
-        return found
+        """The key loop's block indices (plan.key_blocks): where every block size is a
+        multiple of BLOCK_N (the host's KEY_BLOCKS_ALIGNED), a tile's keys share one block,
+        and the kernel reads one value a tile: per key, the integer division and the load
+        cost each thread one of each per key it holds."""
+        return plan.key_blocks(self.k)
 
     def score_lines(
         self, env: cx.TritonEnv | None = None, hoist: bool = False

@@ -341,16 +341,16 @@ def test_cuda_decode_strided_cache_takes_the_scalar_loads() -> None:
     _assert_matches_reference(kernel, (q, k, v, lens))
 
 
-def _wgmma_probes() -> tuple[Any, Any]:
+def _wgmma_probes(*names: str) -> list[Any]:
+    """The probe kernels ``names`` of wgmma_probe.cu.jinja, compiled for sm_90a."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs an sm_90 GPU (H100/H200)")
     from attncc.codegen.cuda import render_wgmma_probe
     from attncc.runtime import nvrtc
 
     source = render_wgmma_probe()
-    names = ("attncc_wgmma_probe", "attncc_wgmma_pv_probe")
-    probes = nvrtc.kernels(source, nvrtc.source_key(source), (), names, torch.device("cuda"), "a")
-    return probes[0], probes[1]
+    key = nvrtc.source_key(source)
+    return list(nvrtc.kernels(source, key, (), names, torch.device("cuda"), "a"))
 
 
 def test_wgmma_probe_matches_a_matmul() -> None:
@@ -359,7 +359,7 @@ def test_wgmma_probe_matches_a_matmul() -> None:
     first step of the warp-specialized schedule in docs/design.md."""
     from attncc.runtime import nvrtc
 
-    probe, _ = _wgmma_probes()
+    (probe,) = _wgmma_probes("attncc_wgmma_probe")
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(64, 128, generator=gen).bfloat16().cuda() for _ in range(2))
     c = torch.full((64, 64), float("nan"), device="cuda")
@@ -378,7 +378,7 @@ def test_wgmma_pv_probe_matches_a_matmul() -> None:
     reading holds, so one device call settles it."""
     from attncc.runtime import nvrtc
 
-    _, probe = _wgmma_probes()
+    (probe,) = _wgmma_probes("attncc_wgmma_pv_probe")
     gen = torch.Generator().manual_seed(1)
     p = torch.rand(64, 64, generator=gen).bfloat16().cuda()
     v = torch.randn(64, 128, generator=gen).bfloat16().cuda()
@@ -398,24 +398,12 @@ def test_wgmma_pv_probe_matches_a_matmul() -> None:
         raise AssertionError(f"P * V off by {assumed:.3g}; with the offsets swapped: {swapped:.3g}")
 
 
-def _fp8_probes() -> tuple[Any, Any]:
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("wgmma needs an sm_90 GPU (H100/H200)")
-    from attncc.codegen.cuda import render_wgmma_probe
-    from attncc.runtime import nvrtc
-
-    source = render_wgmma_probe()
-    names = ("attncc_wgmma_fp8_probe", "attncc_wgmma_fp8_pv_probe")
-    probes = nvrtc.kernels(source, nvrtc.source_key(source), (), names, torch.device("cuda"), "a")
-    return probes[0], probes[1]
-
-
 def test_wgmma_fp8_probe_matches_a_matmul() -> None:
     """e4m3 operands K-major in 128-byte swizzled lines (128 elements a line), wgmma
     m64n128k32: A * B^T of the FP8 values, summed in float32."""
     from attncc.runtime import nvrtc
 
-    probe, _ = _fp8_probes()
+    (probe,) = _wgmma_probes("attncc_wgmma_fp8_probe")
     gen = torch.Generator().manual_seed(2)
     a = (torch.randn(64, 128, generator=gen) * 4).to(torch.float8_e4m3fn).cuda()
     b = (torch.randn(128, 128, generator=gen) * 4).to(torch.float8_e4m3fn).cuda()
@@ -436,7 +424,7 @@ def test_wgmma_fp8_pv_probe_matches_a_matmul() -> None:
     rounded P. A key landing in the wrong place shows as a large error."""
     from attncc.runtime import nvrtc
 
-    _, probe = _fp8_probes()
+    (probe,) = _wgmma_probes("attncc_wgmma_fp8_pv_probe")
     gen = torch.Generator().manual_seed(3)
     p = torch.rand(64, 128, generator=gen).cuda()
     vt = (torch.randn(128, 128, generator=gen) * 4).to(torch.float8_e4m3fn).cuda()
