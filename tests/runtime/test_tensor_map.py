@@ -33,7 +33,8 @@ def test_a_map_views_the_operand_as_head_dim_keys_and_program_base(
     16-byte steps long enough for every program's base offset."""
     k = torch.zeros(2, 3, 40, 64, dtype=torch.bfloat16)  # [B, H, N, D]
     assert key_tile_map(k, 2, 3, 40, 64, 128) == bytes(128)
-    (ptr, dtype, cols, keys, key_stride, span, rows) = encoded[0]
+    (ptr, dtype, cols, keys, key_stride, span, rows, key_major) = encoded[0]
+    assert not key_major
     assert (ptr, dtype, cols, keys, key_stride, rows) == (
         k.data_ptr(),
         torch.bfloat16,
