@@ -195,6 +195,8 @@ class _Context:
         factors, mods = plan.score_factors(self.k.score_mods)
         if not factors or mods or not self.k.fp8:  # FP8: the fused sm_90a kernel alone
             return None
+        if any(plan.reads_index_outside(f, self.key, env.values) for f in factors):
+            return None  # a factor a key (k_descale[b, h, n]): a multiply a score
         parts = [f"({self._scale(env)})", *(f"({cu.cuda_expr(f, env)})" for f in factors)]
         return " * ".join([*parts, "ATTNCC_LOG2E"])
 
@@ -370,20 +372,20 @@ class _Context:
         values["rows"] = cx.dim_var(k.query_axis.dim) if k.query_axis else "1"
         values["fp8"] = k.fp8
         values["out_type"] = "bf16_t" if k.fp8 else "elem_t"
+        env = self.env(False)
         blocks = self.key_blocks()
         values["key_blocks"] = [
-            f"const int {name} = n0 / ({cu.cuda_expr(block.right, self.env(False))});"
+            f"const int {name} = n0 / ({cu.cuda_expr(block.right, env)});"
             for block, name in blocks.items()
             if isinstance(block, ir.BinOp)
         ]
+        # FP8 reads its key blocks' values once a tile, its value scale too
+        named = cu.CudaEnv(env.indices, env.tensors, env.bounded, env.score, blocks)
+        values["score_lines"] = self.score_lines(named)
+        values["score_row_lines"] = self.score_row_lines(named)
         values["value_scale"] = None
-        if blocks:
-            env = self.env(False)
-            named = cu.CudaEnv(env.indices, env.tensors, env.bounded, env.score, blocks)
-            values["score_lines"] = self.score_lines(named)
-            values["score_row_lines"] = self.score_row_lines(named)
-            if k.value_scale is not None:
-                values["value_scale"] = cu.cuda_expr(k.value_scale, named)
+        if k.value_scale is not None:
+            values["value_scale"] = cu.cuda_expr(k.value_scale, named)
         assert k.mask_plan is not None
         # the keys whose K/V rows are zero-filled, not read: past the cache and, where a key
         # bound reads a tensor (cache lengths), outside [lo, hi) too: there they may be
@@ -721,6 +723,15 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
         raise ValueError(
             f"attncc {kernel.name}: target cuda has value scales with FP8 inputs only (use "
             "target 'triton' or 'auto')"
+        )
+    if kernel.value_scale is not None and plan.reads_index_outside(
+        kernel.value_scale, kernel.key_axis.index, plan.key_blocks(kernel)
+    ):
+        # the kernel weighs a tile's P·V by one value scale (its keys share their block)
+        raise ValueError(
+            f"attncc {kernel.name}: target cuda takes a value scale read by key blocks "
+            "(v_descale[b, h, n / block_n]), not by the key itself (use target 'triton' or "
+            "'auto')"
         )
     if kernel.fp8 and kernel.schedule != "fused":
         raise ValueError(

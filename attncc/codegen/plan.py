@@ -7,7 +7,7 @@ The Triton and CUDA backends render these into their own syntax; neither re-deri
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import PurePath
 from typing import Literal
@@ -426,3 +426,19 @@ def key_blocks(kernel: ir.AttentionKernel) -> dict[ir.Expr, str]:
             if key_block(e, key) and e not in found:
                 found[e] = f"key_block_{len(found)}"
     return found
+
+
+def reads_index_outside(expr: ir.Expr, index: str, named: Mapping[ir.Expr, str]) -> bool:
+    """Whether ``expr`` reads ``index`` other than through the ``named`` subexpressions."""
+    if expr in named:
+        return False
+    match expr:
+        case ir.Index(name=name):
+            return name == index
+        case ir.Load(indices=children) | ir.Call(args=children):
+            return any(reads_index_outside(c, index, named) for c in children)
+        case ir.Unary(operand=x):
+            return reads_index_outside(x, index, named)
+        case ir.BinOp(left=a, right=b):
+            return reads_index_outside(a, index, named) or reads_index_outside(b, index, named)
+    return False

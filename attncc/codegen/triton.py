@@ -360,7 +360,7 @@ class _Context:
             self.k.fp8
             and key_blocks
             and v_parts["key_axis"] is not None
-            and (scale is None or not _reads_index_outside(scale, self.key, blocks))
+            and (scale is None or not plan.reads_index_outside(scale, self.key, blocks))
         )
         # every block size a positive multiple of the key tile (block_n on the host)
         divisors = [
@@ -700,22 +700,6 @@ class _Context:
             ),
             **self.host_tables(),
         }
-
-
-def _reads_index_outside(expr: ir.Expr, index: str, named: dict[ir.Expr, str]) -> bool:
-    """Whether ``expr`` reads ``index`` other than through the ``named`` subexpressions."""
-    if expr in named:
-        return False
-    match expr:
-        case ir.Index(name=name):
-            return name == index
-        case ir.Load(indices=children) | ir.Call(args=children):
-            return any(_reads_index_outside(c, index, named) for c in children)
-        case ir.Unary(operand=x):
-            return _reads_index_outside(x, index, named)
-        case ir.BinOp(left=a, right=b):
-            return _reads_index_outside(a, index, named) or _reads_index_outside(b, index, named)
-    return False
 
 
 def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:

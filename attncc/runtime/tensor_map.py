@@ -77,7 +77,7 @@ def encode_map(
 ) -> bytes:
     """The driver's map of the tensor at ``ptr`` with ``key_tile_layout``'s layout (the
     module's docstring); ``encode`` keeps the last 256."""
-    element = torch.empty((), dtype=dtype).element_size()
+    element = dtype.itemsize
     if key_major:  # (key, column, program base): a box of `rows` keys by every column
         dims = (ctypes.c_uint64 * 3)(keys, cols, span)
         box = (ctypes.c_uint32 * 3)(rows, cols, 1)

@@ -331,6 +331,63 @@ def test_every_example_renders_for_cuda(name: str) -> None:
         compile(built.host, f"{name}.{schedule}.host.py", "exec")  # valid Python
 
 
+FP8_SPEC = (EXAMPLES / "fp8_block.attn").read_text()
+
+
+def _fp8_variant(**tables: str) -> str:
+    """The FP8 example with each named descale table read as given (declared to match)."""
+    text = FP8_SPEC
+    dims = {"q_descale": "MB", "k_descale": "NB", "v_descale": "NB"}
+    blocks = {"q_descale": "m / block_m", "k_descale": "n / block_n", "v_descale": "n / block_n"}
+    for name, read in tables.items():
+        declared = {"": "[B, H]", "n": "[B, H, N]"}[read]
+        text = text.replace(
+            f"in    {name}[B, H, {dims[name]}]: f32", f"in    {name}{declared}: f32"
+        )
+        subscript = f"{name}[b, h, {read}]" if read else f"{name}[b, h]"
+        text = text.replace(f"{name}[b, h, {blocks[name]}]", subscript)
+    assert text != FP8_SPEC
+    for dim in ("MB", "NB"):  # a block count no table reads any more
+        if f"{dim}]" not in text:
+            text = text.replace(f", {dim}", "", 1)
+    return text
+
+
+def test_fp8_value_scale_without_key_blocks_is_applied() -> None:
+    """Descales one a head (no key block anywhere): the kernel still weighs P·V by v's."""
+    text = _fp8_variant(q_descale="", k_descale="", v_descale="")
+    built = build(text, target="cuda")
+    assert "const float v_scale = " in built.source and "t_v_descale[" in built.source
+
+
+def test_fp8_value_scale_read_by_the_key_is_refused() -> None:
+    """The CUDA kernel weighs a tile by one value scale: one a key is an error, not a guess."""
+    with pytest.raises(ValueError, match="not by the key itself"):
+        build(_fp8_variant(v_descale="n"), target="cuda")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found: CUDA sources are rendered, not compiled")
+def test_fp8_score_factor_read_by_the_key_stays_a_score_multiply(tmp_path: Path) -> None:
+    """A descale one a key (k_descale[b, h, n]) is not a row's factor: each score reads its
+    own, and the kernel compiles."""
+    checked, kernel = attncc.optimise(_fp8_variant(k_descale="n"))
+    rendered_ = cuda_backend.render(kernel, checked.spec)
+    assert "score_factor" not in rendered_.source
+    source = tmp_path / "fp8_key.cu"
+    source.write_text(rendered_.standalone())
+    cmd = [
+        NVCC or "nvcc",
+        "-arch=sm_90a",
+        "-std=c++17",
+        "--ptx",
+        str(source),
+        "-o",
+        str(tmp_path / "o.ptx"),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
 def test_golden_cuda_source() -> None:
     built = build(EXAMPLES / "gqa_causal.attn", target="cuda")
     golden_files.assert_golden(
