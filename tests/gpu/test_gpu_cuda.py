@@ -470,6 +470,40 @@ def test_fp8_kernel_matches_the_triton_fp8_kernel_within_its_error(
     assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
 
 
+def test_fp8_kernel_zero_value_scale_adds_nothing() -> None:
+    """A key block whose value descale is 0 adds nothing to P·V and still counts in the
+    normaliser (as the Triton FP8 kernel), the first tile of a head included; value scales
+    far apart (a factor 8 between blocks) move O's unit without losing accuracy."""
+    import dataclasses
+    import math
+
+    from attncc.fp8 import quantize
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUDA FP8 kernel needs an sm_90 GPU (H100/H200)")
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    q, k = (torch.randn(1, 2, 512, 128, device="cuda", generator=gen) for _ in range(2))
+    v = torch.randn(1, 2, 512, 128, device="cuda", generator=gen)
+    v[:, :, 256:384] *= 8.0  # a block with a value scale 8x its neighbours'
+    x = quantize(q, k, v, block=(128, 128))
+    x = dataclasses.replace(x, v_descale=x.v_descale.clone())
+    x.v_descale[:, :, 1] = 0.0
+    x.v_descale[:, 1, 0] = 0.0
+    args = (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
+    path = Path(__file__).resolve().parents[2] / "examples" / "fp8_block.attn"
+    cuda = attncc.compile(path, target="cuda")(*args)
+    triton_out = attncc.compile(path, target="triton")(*args)
+    kept = x.v_descale.repeat_interleave(128, -1)[..., None] != 0
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(128)
+    exact = torch.softmax(s, -1) @ (v.double() * kept)
+
+    def rmse(out: torch.Tensor) -> float:
+        return float((out.double() - exact).pow(2).mean().sqrt())
+
+    assert torch.isfinite(cuda).all()
+    assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
+
+
 WGMMA_CONFIGS = [
     {"wgmma": 1, "num_warps": w, "BLOCK_N": n} for w, n in ((8, 128), (8, 64), (4, 128), (4, 64))
 ]
