@@ -17,6 +17,7 @@ import torch
 
 import attncc
 from attncc.reference_grad import eager_grads, gradient_terms, reference_grads
+from attncc.runtime import autograd
 from attncc.tolerance import Verdict, compare_grad
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -67,13 +68,18 @@ def draw(
 
 
 def gradient_verdicts(
-    name: str, given: Mapping[str, torch.Tensor], params: Mapping[str, Any]
+    name: str,
+    given: Mapping[str, torch.Tensor],
+    params: Mapping[str, Any],
+    target: str = "triton",
+    backend: str | None = None,
 ) -> dict[str, Verdict]:
-    """Forward and backward of example ``name``'s fused Triton kernel with a random
+    """Forward and backward of example ``name``'s fused kernel of ``target`` with a random
     ``grad_out``; every float input's gradient (slopes and bias included) against float64
-    autograd, bounded by the same math done eagerly in q's dtype."""
+    autograd, bounded by the same math done eagerly in q's dtype. ``backend``: the backward
+    backend the call must have taken ("cuda": the sm_90a kernel, or "triton")."""
     spec = EXAMPLES / f"{name}.attn"
-    kernel = attncc.compile(spec, target="triton", schedule="fused")
+    kernel = attncc.compile(spec, target=target, schedule="fused")
     dtype = given["q"].dtype
     leaves = {n: t.clone().requires_grad_(t.is_floating_point()) for n, t in given.items()}
     out = kernel(**leaves, **params)
@@ -81,6 +87,8 @@ def gradient_verdicts(
     grad_out = torch.randn(out.shape, generator=gen).to(out.device, dtype)
     out.backward(grad_out)
     del out
+    if backend is not None:
+        assert autograd.last_backend() == backend, autograd.last_backend()
     verdicts = {}
     _, exact = reference_grads(spec, given, grad_out, params)
     eager = eager_grads(spec, given, grad_out, params, dtype=dtype)

@@ -43,6 +43,7 @@ FAMILIES = {
     "mma": "sm_80+: the fused kernel on mma.sync, or one sm_90a wgmma block a tile",
     "fma": "fp32 inputs: a warp a row on FMA units",
     "split": "split-KV on mma.sync: decode and few-query calls",
+    "backward": "sm_90a: the gradients of Q, K and V (raw scores, no tile index)",
 }
 # The shipped headers every family includes (the Hopper one where its kernels use it),
 # spec-independent: device helpers, warp-group MMAs, TMA and barriers
@@ -52,6 +53,7 @@ _FAMILY_HEADERS = {
     "mma": HEADERS,
     "fma": HEADERS[:1],
     "split": HEADERS[:1],
+    "backward": HEADERS,
 }
 
 
@@ -371,6 +373,7 @@ class _Context:
         values = self.mode(False, batch, rows, row_ok, None)
         values["rows"] = cx.dim_var(k.query_axis.dim) if k.query_axis else "1"
         values["fp8"] = k.fp8
+        values["scale"] = self._scale(self.env(False))
         values["out_type"] = "bf16_t" if k.fp8 else "elem_t"
         env = self.env(False)
         blocks = self.key_blocks()
@@ -586,7 +589,18 @@ class _Context:
             return ["hopper"]
         if self.k.schedule == "split_kv":
             return ["split", "fma"]
-        return ["hopper", "mma", "fma"] + (["split"] if self.split_mode() is not None else [])
+        families = ["hopper", "mma", "fma"] + (["split"] if self.split_mode() is not None else [])
+        return families + (["backward"] if self.has_backward() else [])
+
+    def has_backward(self) -> bool:
+        """Whether the sm_90a backward (family_backward.cu.jinja) renders for this spec: the
+        scores are the scaled dot products (no score modification: the gradient of a score
+        is the gradient of Q K^T times the scale), no tile index (document masks), no sink,
+        no value scale, and a query axis. Other specs' gradients come from the Triton
+        backward (attncc.codegen.backward)."""
+        k = self.k
+        plain = not k.score_mods and k.tile_index is None and k.sink is None
+        return plain and k.value_scale is None and not k.fp8 and k.query_axis is not None
 
     def contents(self, family: str, tile_index: bool, split: dict[str, Any] | None) -> list[str]:
         """Comment lines saying what one family's source holds and how the host compiles it
@@ -617,6 +631,11 @@ class _Context:
             if split is not None:
                 lines.append(f"  {split['rows_split_fn']}: split-KV, a warp a (chunk, row)")
                 lines.append(f"  {split['combine_fn']}: the merge of the chunks")
+        elif family == "backward":
+            lines += [
+                f"  attncc_{name}_bwd: dQ, dK and dV, sm_90a warp-group MMAs, a block a key",
+                "    tile (FlashAttention-3's one pass, dQ added in float32; backward.cu.jinja)",
+            ]
         elif split is not None:
             lines.append(f"  {split['split_fn']}: split-KV, chunks merged in-kernel")
         lines.append("Shared device helpers are in the headers it includes (attncc_*.cuh).")
@@ -636,6 +655,7 @@ class _Context:
             "entry": templating.entry_name(k.name),
             "doc": host.doc(k),
             "fused_fn": f"attncc_{self.name}_fwd",
+            "backward_fn": f"attncc_{self.name}_bwd" if self.has_backward() else None,
             "rows_fn": None if k.schedule == "split_kv" else f"attncc_{self.name}_rows",
             "fused": fused,
             "tile_index_masks": len(fused["tile_index"]["masks"]) if fused["tile_index"] else 0,

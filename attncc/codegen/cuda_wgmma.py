@@ -15,9 +15,16 @@ ELEMENTS = (("bf16_t", "bf16"), ("f16_t", "f16"))
 # e4m3 (FP8): m64nNk32 shapes, both operands K-major (the PTX ISA allows no transposed FP8
 # operand: V comes key-major), so no transpose flags; no row-sum width
 FP8_ELEMENTS = (("f8e4m3_t", "e4m3"),)
+# the backward's A-from-shared-memory MMAs whose operands are MN-major (transposed): P^T dO
+# and dS^T Q (wgmma_ss_tt: A and B, as P and dS are stored with the keys along the lines)
+# and dS K (wgmma_ss_nt: B alone, K's head dims along the lines), at N = 64 or 128
+TRANSPOSED = {"wgmma_ss_tt": "1, 1", "wgmma_ss_nt": "0, 1"}
+TRANSPOSED_WIDTHS = (64, 128)
 
 
-def _instruction(elem: str, ptx_type: str, n: int, a_in_registers: bool) -> dict[str, Any]:
+def _instruction(
+    elem: str, ptx_type: str, n: int, a_in_registers: bool, transposed: str = ""
+) -> dict[str, Any]:
     fp8 = ptx_type == "e4m3"
     regs = n // 2
     accumulators = ", ".join(f"%{i}" for i in range(regs))
@@ -30,6 +37,8 @@ def _instruction(elem: str, ptx_type: str, n: int, a_in_registers: bool) -> dict
         a_operand = f"%{regs}"
         inputs = '"l"(desc_a), "l"(desc_b), "r"(accumulate)'
         b_index, tail = regs + 1, "1, 1, 0, 0"  # scale A, scale B, neither transposed
+    if transposed:
+        tail = f"1, 1, {TRANSPOSED[transposed]}"  # scale A, scale B, A and B transposed
     if fp8:
         tail = "1, 1"  # scale A, scale B: both operands K-major, no transpose flags
     k = 32 if fp8 else 16
@@ -39,7 +48,7 @@ def _instruction(elem: str, ptx_type: str, n: int, a_in_registers: bool) -> dict
         f"{shape} {{{accumulators}}}, {a_operand}, %{b_index}, p, {tail};\\n}}\\n"
     )
     return {
-        "fn": "wgmma_rs" if a_in_registers else "wgmma_ss",
+        "fn": transposed or ("wgmma_rs" if a_in_registers else "wgmma_ss"),
         "elem": elem,
         "n": n,
         "regs": regs,
@@ -52,14 +61,23 @@ def _instruction(elem: str, ptx_type: str, n: int, a_in_registers: bool) -> dict
 
 def instructions() -> list[dict[str, Any]]:
     """Every (A source, element type, N) the sm_90a kernel and the probes use."""
-    return [
-        _instruction(elem, ptx_type, n, a_in_registers)
-        for a_in_registers in (False, True)
-        for elem, ptx_type in ELEMENTS
-        for n in WIDTHS + (ROW_SUM_WIDTHS if a_in_registers else ())
-    ] + [
-        _instruction(elem, ptx_type, n, a_in_registers)
-        for a_in_registers in (False, True)
-        for elem, ptx_type in FP8_ELEMENTS
-        for n in WIDTHS
-    ]
+    return (
+        [
+            _instruction(elem, ptx_type, n, a_in_registers)
+            for a_in_registers in (False, True)
+            for elem, ptx_type in ELEMENTS
+            for n in WIDTHS + (ROW_SUM_WIDTHS if a_in_registers else ())
+        ]
+        + [
+            _instruction(elem, ptx_type, n, a_in_registers)
+            for a_in_registers in (False, True)
+            for elem, ptx_type in FP8_ELEMENTS
+            for n in WIDTHS
+        ]
+        + [
+            _instruction(elem, ptx_type, n, False, transposed)
+            for transposed in TRANSPOSED
+            for elem, ptx_type in ELEMENTS
+            for n in TRANSPOSED_WIDTHS
+        ]
+    )

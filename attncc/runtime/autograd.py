@@ -12,6 +12,7 @@ sequential on the CPU).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -29,7 +30,16 @@ from attncc.spec import ast
 from attncc.spec.check import dtype_type
 from attncc.torch_eval import evaluate
 
-__all__ = ["Backward", "prepare"]
+__all__ = ["Backward", "last_backend", "prepare"]
+
+# the backend the last backward of this process took ("cuda" or "triton: WHY"): a kernel's
+# torch op may be another Kernel's of the same spec (the op registry keeps the first one's),
+# so tests and benchmarks ask here rather than their own Kernel
+_LAST = [""]
+
+
+def last_backend() -> str:
+    return _LAST[0]
 
 
 def prepare(kernel: ir.AttentionKernel, spec: ast.Spec | str) -> Backward | str:
@@ -53,6 +63,8 @@ class Backward:
         # recorded launches by call geometry, and why a geometry could not be recorded
         self._plans = Plans()
         self.refusals: dict[tuple[Any, ...], str] = {}
+        # the backend the last run took: "cuda" (the sm_90a kernel) or "triton: WHY"
+        self.ran = ""
 
     def module(self, interpreted: bool) -> ModuleType:
         return load_module(self.path, interpreted)
@@ -82,14 +94,26 @@ class Backward:
     ) -> list[torch.Tensor]:
         """The gradient of every float input (``self.floats`` order), in its dtype; ``dlse``
         is the gradient of the log-sum-exp the forward wrote (batch axes, then rows);
-        ``config`` overrides the kernels' tiles (``dq_config``, ``dkdv_config``: (block_m,
-        block_n, num_warps, num_stages)), picks the dkdv kernel (``dkdv_keys_major``) and the
-        schedule (``dq_atomic``; default: ``one_pass``)."""
+        ``config`` picks the backend (``backend``, default the ATTNCC_BACKWARD environment
+        variable, else "auto": the CUDA target's sm_90a kernel where the host module has one
+        for the call, it measured faster than Triton's and gradients need not be
+        deterministic, else "triton"; "cuda": the sm_90a kernel wherever it can run), and for
+        Triton overrides the kernels' tiles (``dq_config``,
+        ``dkdv_config``: (block_m, block_n, num_warps, num_stages)), picks the dkdv kernel
+        (``dkdv_keys_major``) and the schedule (``dq_atomic``; default: ``one_pass``)."""
         sizes, dtype, device = host._check(tensors, params)
-        config = {"dq_atomic": self.one_pass(), **(config or {})}
-        unknown = set(config) - {"dq_config", "dkdv_config", "dkdv_keys_major", "dq_atomic"}
+        backend = os.environ.get("ATTNCC_BACKWARD", "auto")
+        config = {"dq_atomic": self.one_pass(), "backend": backend, **(config or {})}
+        known = {"dq_config", "dkdv_config", "dkdv_keys_major", "dq_atomic", "backend"}
+        unknown = set(config) - known
         if unknown:
             raise TypeError(f"unknown backward config keys: {', '.join(sorted(unknown))}")
+        if config["backend"] not in ("auto", "cuda", "triton"):
+            backend = config["backend"]
+            raise ValueError(
+                f"backward backend (ATTNCC_BACKWARD) must be auto, cuda or triton, not {backend!r}"
+            )
+
         params = host._param_defaults(sizes, dict(params))
         on_cpu = device.type == "cpu"
         module = self.module(on_cpu)
@@ -117,9 +141,35 @@ class Backward:
                 grad_dtypes,
                 config["dq_atomic"],
             )
-            dq, dk, dv, sides = self._buffers(
-                module, tensors, params, out, lse, dout, flat_dlse, sizes, dtype, device, schedule
-            )
+            hopper = None
+            deterministic = torch.are_deterministic_algorithms_enabled()
+            if config["backend"] != "triton" and not deterministic:
+                forced = config["backend"] == "cuda"
+                hopper = self._hopper(
+                    host, tensors, params, out, lse, dout, flat_dlse, grad_dtypes, forced
+                )
+            sides: list[torch.Tensor] = []
+            if hopper is None and config["backend"] == "triton":
+                self.ran = "triton: asked for"
+            elif hopper is None and torch.are_deterministic_algorithms_enabled():
+                self.ran = "triton: deterministic algorithms asked for"
+            _LAST[0] = self.ran
+            if hopper is not None:
+                dq, dk, dv = hopper
+            else:
+                dq, dk, dv, sides = self._buffers(
+                    module,
+                    tensors,
+                    params,
+                    out,
+                    lse,
+                    dout,
+                    flat_dlse,
+                    sizes,
+                    dtype,
+                    device,
+                    schedule,
+                )
         grads: dict[str, torch.Tensor] = {}
         for (operand, inner), buffer in zip(operands, (dq, dk, dv), strict=True):
             scatter.add(grads, operand, buffer, inner)
@@ -145,6 +195,42 @@ class Backward:
             else torch.zeros_like(tensors[name])
             for name in self.floats
         ]
+
+    def _hopper(
+        self,
+        host: ModuleType,
+        tensors: dict[str, torch.Tensor],
+        params: dict[str, Any],
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        dout: torch.Tensor,
+        dlse: torch.Tensor,
+        grad_dtypes: tuple[torch.dtype, ...],
+        forced: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(dq, dk, dv) from the CUDA target's sm_90a backward (its dQ added up in float32
+        with atomics: not bit-identical between runs), or None where the host module has
+        none for this call (``_backward_hopper``'s conditions) or the spec has side inputs
+        with gradients."""
+        refusal = getattr(host, "_backward_refusal", None)
+        if refusal is None or self.sides or self.sink_grads:
+            self.ran = "triton: the spec's module has no sm_90a backward, or side gradients"
+            return None
+        sizes, dtype, device = host._check(tensors, params)
+        dout = dout.to(out.dtype)
+        if dout.stride() != out.stride():
+            dout = torch.empty_like(out).copy_(dout)
+        why = refusal(tensors, out, dout, sizes, dtype, device, forced)
+        if why is not None:
+            self.ran = f"triton: {why}"
+            return None
+        dkv_float = grad_dtypes[1:] != (dtype, dtype)
+        found = host._backward_hopper(
+            tensors, params, out, lse.contiguous(), dout, dlse, sizes, dtype, device, dkv_float
+        )
+        dq, dk, dv = found
+        self.ran = "cuda"
+        return dq, dk, dv
 
     def _buffers(
         self,

@@ -185,8 +185,17 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
         "hopper",
         {**WIDE_256, "ATTNCC_TMA": 0, "ATTNCC_Q_BUFFERS": 2, "ATTNCC_DP": 192, "ATTNCC_DVP": 128},
     ),
+    # the sm_90a backward: its defaults (head dim 128, bf16, dK and dV in bf16), and head
+    # dim 64 in fp16 with float32 dK and dV (GQA's buffers)
+    "backward-bf16-128": ("backward", {}),
+    "backward-f16-64": (
+        "backward",
+        {"ATTNCC_ELEM": "f16_t", "ATTNCC_DP": 64, "ATTNCC_DVP": 64, "ATTNCC_DKV_F32": 1},
+    ),
 }
 FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS if variant != "wgmma2-default"]
+# a mask left residual by the key interval (prefix LM's union) in the backward
+FULL_COMPILE += [("prefix_lm", variant) for variant in ("backward-bf16-128", "backward-f16-64")]
 FULL_COMPILE += [("paged_decode", "split-bf16-128")]
 FULL_COMPILE += [
     (name, wgmma)
@@ -209,12 +218,13 @@ PTX_VARIANTS = {
     "mma": ("bf16-128", "wgmma-bf16-128"),
     "fma": ("fp32-rows",),
     "split": ("split-bf16-128",),
+    "backward": ("backward-bf16-128",),
 }
 
 
 def arch_flag(family: str, variant: str) -> str:
     """sm_90a for the warp-group MMA variants (their instructions need its features)."""
-    hopper = family == "hopper" or variant.startswith("wgmma")
+    hopper = family in ("hopper", "backward") or variant.startswith("wgmma")
     return "-gencode=arch=compute_90a,code=sm_90a" if hopper else "-arch=sm_90"
 
 
@@ -949,7 +959,11 @@ def test_each_family_holds_only_its_kernels_after_its_header() -> None:
         "attncc_decode_rows_split",
         "attncc_decode_combine",
     ]
-    assert families("causal") == ["hopper", "mma", "fma", "split"]
+    assert families("causal") == ["hopper", "mma", "fma", "split", "backward"]
+    backward = kernel_names(dict(rendered("causal").sources)["backward"])
+    assert backward == ["attncc_causal_bwd", "attncc_causal_bwd_delta"]
+    # the sm_90a backward takes raw scores without a tile index alone
+    assert "backward" not in families("softcap") and "backward" not in families("document_mask")
 
 
 def test_headers_are_spec_independent_and_guarded() -> None:
@@ -1072,6 +1086,7 @@ def test_compile_writes_a_standalone_file_or_every_family(
     assert written == [
         "attncc_cuda.cuh",
         "attncc_hopper.cuh",
+        "causal.backward.cu",
         "causal.fma.cu",
         "causal.hopper.cu",
         "causal.mma.cu",

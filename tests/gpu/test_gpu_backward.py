@@ -29,6 +29,40 @@ def test_gradients_at_training_sizes_on_gpu(name: str, seq: int, head_dim: int) 
     torch.cuda.empty_cache()
 
 
+# the specs the CUDA target's sm_90a backward takes (raw scores, no tile index): masks
+# that fold into the key interval, a union of two (prefix LM), the bottom-right diagonal
+CUDA_BACKWARD = (
+    "fused",
+    "causal",
+    "gqa_causal",
+    "sliding_window",
+    "prefix_lm",
+    "causal_bottom_right",
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("seq", "head_dim", "dtype"),
+    [(1024, 128, torch.bfloat16), (1000, 64, torch.float16), (333, 128, torch.float16)],
+)
+@pytest.mark.parametrize("name", CUDA_BACKWARD)
+def test_cuda_backward_gradients(
+    name: str, seq: int, head_dim: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sm_90a backward (a block a key tile, dQ added in float32) by flash-attn's rule,
+    on lengths that leave partial query and key tiles (1000, 333) and both head dims, asked
+    for (ATTNCC_BACKWARD=cuda: by default every call takes the Triton backward, as fast)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a backward needs an sm_90 GPU")
+    monkeypatch.setenv("ATTNCC_BACKWARD", "cuda")
+    given, params = draw(name, 2, 8, seq, head_dim, dtype, "cuda")
+    verdicts = gradient_verdicts(name, given, params, target="cuda", backend="cuda")
+    failing = {n: v for n, v in verdicts.items() if not v.ok}
+    assert not failing, failing
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["document_mask", "causal", "gqa_causal", "alibi", "bias"])
 def test_a_backward_never_waits_for_the_gpu(name: str) -> None:
