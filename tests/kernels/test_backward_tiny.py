@@ -37,3 +37,17 @@ def test_a_wrong_gradient_fails_at_tiny_sizes(monkeypatch: pytest.MonkeyPatch) -
     given, params = draw("causal", 1, 4, 24, 16, torch.bfloat16, "cpu")
     verdicts = gradient_verdicts("causal", given, params)
     assert [n for n, v in verdicts.items() if not v.ok] == ["q"]
+
+
+def test_the_backward_backend_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ATTNCC_BACKWARD picks the backward: a value it does not know is one clear error, and
+    "cuda" where the sm_90a kernel cannot run (a CPU call) takes the Triton backward, saying
+    why."""
+    given, params = draw("causal", 1, 2, 32, 16, torch.float32, "cpu")
+    monkeypatch.setenv("ATTNCC_BACKWARD", "cudnn")
+    with pytest.raises(ValueError, match=r"ATTNCC_BACKWARD.*auto, cuda or triton, not 'cudnn'"):
+        gradient_verdicts("causal", given, params)
+    monkeypatch.setenv("ATTNCC_BACKWARD", "cuda")
+    verdicts = gradient_verdicts("causal", given, params)
+    assert all(v.ok for v in verdicts.values()), verdicts
+    assert autograd.last_backend().startswith("triton: "), autograd.last_backend()
