@@ -145,8 +145,9 @@ class Backward:
             deterministic = torch.are_deterministic_algorithms_enabled()
             if config["backend"] != "triton" and not deterministic:
                 forced = config["backend"] == "cuda"
+                call = (sizes, dtype, device)
                 hopper = self._hopper(
-                    host, tensors, params, out, lse, dout, flat_dlse, grad_dtypes, forced
+                    host, tensors, params, out, lse, dout, flat_dlse, call, grad_dtypes, forced
                 )
             sides: list[torch.Tensor] = []
             if hopper is None and config["backend"] == "triton":
@@ -205,6 +206,7 @@ class Backward:
         lse: torch.Tensor,
         dout: torch.Tensor,
         dlse: torch.Tensor,
+        call: tuple[dict[str, int], torch.dtype, torch.device],
         grad_dtypes: tuple[torch.dtype, ...],
         forced: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -216,7 +218,7 @@ class Backward:
         if refusal is None or self.sides or self.sink_grads:
             self.ran = "triton: the spec's module has no sm_90a backward, or side gradients"
             return None
-        sizes, dtype, device = host._check(tensors, params)
+        sizes, dtype, device = call  # the checked call's
         dout = dout.to(out.dtype)
         if dout.stride() != out.stride():
             dout = torch.empty_like(out).copy_(dout)
