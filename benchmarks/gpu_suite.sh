@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -167,6 +167,17 @@ if has onepass; then
         timeout 280 python3 benchmarks/backward_sweep.py "examples/$spec.attn" 4,16,4096,128 bf16 \
             --one-pass 2>&1 | grep -vE "Warning|warn"
     done | tee "$OUT/onepass_$gpu.txt"
+fi
+
+if has bwdcuda; then
+    # the CUDA target's sm_90a backward (ATTNCC_BACKWARD=cuda) beside the Triton backward,
+    # Flex's and SDPA's, one process a spec (benchmarks/backward_backends.py, bf16, 4k)
+    for case in "causal 4,16,4096,128" "fused 4,16,4096,128" "sliding_window 4,16,4096,128" \
+        "gqa_causal 4,32:8,4096,128" "causal 4,32,4096,64"; do
+        set -- $case
+        timeout 200 python3 benchmarks/backward_backends.py "examples/$1.attn" "$2" --rounds 2 \
+            2>&1 | grep -vE "Warning|warn"
+    done | tee "$OUT/backward_backends_$gpu.txt"
 fi
 
 if has backward; then
