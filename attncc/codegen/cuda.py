@@ -596,10 +596,14 @@ class _Context:
         """Whether the sm_90a backward (family_backward.cu.jinja) renders for this spec: the
         scores are the scaled dot products (no score modification: the gradient of a score
         is the gradient of Q K^T times the scale), no tile index (document masks), no sink,
-        no value scale, and a query axis. Other specs' gradients come from the Triton
-        backward (attncc.codegen.backward)."""
+        no value scale, a query axis, and key bounds that read no tensor (cache lengths: the
+        kernel reads every key of its tile, and past such a bound the cache may hold NaN,
+        which dP would carry into dS). Other specs' gradients come from the Triton backward
+        (attncc.codegen.backward)."""
         k = self.k
+        assert k.mask_plan is not None
         plain = not k.score_mods and k.tile_index is None and k.sink is None
+        plain = plain and not plan.bounds_read_tensors(k.mask_plan)
         return plain and k.value_scale is None and not k.fp8 and k.query_axis is not None
 
     def contents(self, family: str, tile_index: bool, split: dict[str, Any] | None) -> list[str]:

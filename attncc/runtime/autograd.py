@@ -95,10 +95,10 @@ class Backward:
         """The gradient of every float input (``self.floats`` order), in its dtype; ``dlse``
         is the gradient of the log-sum-exp the forward wrote (batch axes, then rows);
         ``config`` picks the backend (``backend``, default the ATTNCC_BACKWARD environment
-        variable, else "auto": the CUDA target's sm_90a kernel where the host module has one
-        for the call, it measured faster than Triton's and gradients need not be
-        deterministic, else "triton"; "cuda": the sm_90a kernel wherever it can run), and for
-        Triton overrides the kernels' tiles (``dq_config``,
+        variable, else "auto": the Triton backward, or the CUDA target's sm_90a one where its
+        host module takes the call by default, which none does while it is not faster;
+        "cuda": the sm_90a kernel wherever it can run; "triton"; deterministic algorithms
+        always take Triton's), and for Triton overrides the kernels' tiles (``dq_config``,
         ``dkdv_config``: (block_m, block_n, num_warps, num_stages)), picks the dkdv kernel
         (``dkdv_keys_major``) and the schedule (``dq_atomic``; default: ``one_pass``)."""
         sizes, dtype, device = host._check(tensors, params)
@@ -152,7 +152,7 @@ class Backward:
             sides: list[torch.Tensor] = []
             if hopper is None and config["backend"] == "triton":
                 self.ran = "triton: asked for"
-            elif hopper is None and torch.are_deterministic_algorithms_enabled():
+            elif hopper is None and deterministic:
                 self.ran = "triton: deterministic algorithms asked for"
             _LAST[0] = self.ran
             if hopper is not None:
@@ -211,9 +211,10 @@ class Backward:
         forced: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(dq, dk, dv) from the CUDA target's sm_90a backward (its dQ added up in float32
-        with atomics: not bit-identical between runs), or None where the host module has
-        none for this call (``_backward_hopper``'s conditions) or the spec has side inputs
-        with gradients."""
+        by bulk reductions in any order: not bit-identical between runs), or None where the
+        host module refuses the call (``_backward_refusal``, unless ``forced`` the Triton
+        backward where it is as fast) or the spec has side inputs with gradients; ``ran``
+        says which and why."""
         refusal = getattr(host, "_backward_refusal", None)
         if refusal is None or self.sides or self.sink_grads:
             self.ran = "triton: the spec's module has no sm_90a backward, or side gradients"
