@@ -9,6 +9,7 @@ each scheme and checks the issue's target: block quantisation + Hadamard at most
 RMSE of plain per-tensor FP8 on the outlier distribution. CPU only (no kernel runs).
 
     python benchmarks/fp8_error.py [--seqlens 1024,2048,4096] [--heads 2] [--block 128,128]
+                                   [--sources] [--seeds N]
 
 Distributions (FlashAttention-3 paper, section 4.3):
 
@@ -22,6 +23,13 @@ kernel's error, for comparison), ``per-tensor`` (one descale per tensor), ``per-
 scheme, ``block+H(v)``: V rotated as well (``v H`` quantised, the output multiplied by ``H``
 afterwards, which a kernel would do in its epilogue), to show how much of block+H's error is
 V's own rounding, which rotating Q and K cannot reach.
+
+``--sources`` adds, on the outlier distribution, where block+H's error comes from: attention
+in float64 of the dequantised Q and K alone (V and P exact), of the dequantised V alone, and
+of P alone rounded to e4m3 (the errors add in squares, as independent ones do), beside
+block+H with finer descale blocks (64 x 64, one a query row, one a row of each). ``--seeds
+N`` repeats the target's ratio over N draws: per-tensor's error follows the largest outlier
+a tensor happens to hold, so the ratio moves from draw to draw.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attncc.fp8 import emulate_attention, hadamard_transform, quantize
+from attncc.fp8 import dequantize, emulate_attention, hadamard_transform, quantize
 
 DISTRIBUTIONS = ("normal", "outliers")
 SCHEMES = ("bf16", "per-tensor", "per-tensor+H", "block", "block+H", "block+H(v)")
@@ -108,6 +116,53 @@ def study(
     return rows
 
 
+# block+H with finer descale blocks (query rows, key rows), for --sources
+FINER_BLOCKS = ((64, 64), (1, 128), (1, 1))
+
+
+def error_sources(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: tuple[int, int]
+) -> dict[str, float]:
+    """block+H's RMSE against float64 attention with one input quantised at a time (the
+    others exact), and with finer descale blocks."""
+    exact = attention64(q, k, v)
+
+    def rmse(out: torch.Tensor) -> float:
+        return float((out.double() - exact).pow(2).mean().sqrt())
+
+    def attention(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, p8: bool) -> torch.Tensor:
+        s = qq.double() @ kk.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
+        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        weights = p.float().to(torch.float8_e4m3fn).double() if p8 else p
+        return (weights @ vv.double()) / p.sum(dim=-1, keepdim=True)
+
+    qd, kd, vd = dequantize(quantize(q.float(), k.float(), v.float(), block=block, hadamard=True))
+    sources = {
+        "q, k": rmse(attention(qd, kd, v, False)),
+        "v": rmse(attention(q, k, vd, False)),
+        "p": rmse(attention(q, k, v, True)),
+    }
+    for blocks in FINER_BLOCKS:
+        quantized = quantize(q.float(), k.float(), v.float(), block=blocks, hadamard=True)
+        sources[f"block+H {blocks[0]}x{blocks[1]}"] = rmse(emulate_attention(quantized))
+    return sources
+
+
+def ratio_spread(seqlen: int, seeds: int, block: tuple[int, int], heads: int = 2) -> list[float]:
+    """The target's ratio (block+H over per-tensor RMSE, outliers) for seeds 0..seeds-1."""
+    ratios = []
+    for seed in range(seeds):
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (draw("outliers", (1, heads, seqlen, 128), g) for _ in range(3))
+        exact = attention64(q, k, v)
+        errors = [
+            float((scheme_output(name, q, k, v, block).double() - exact).pow(2).mean().sqrt())
+            for name in ("block+H", "per-tensor")
+        ]
+        ratios.append(errors[0] / errors[1])
+    return ratios
+
+
 def target_ratios(rows: Sequence[Row]) -> dict[int, float]:
     """block+H RMSE over per-tensor RMSE on the outlier distribution, per sequence length."""
     rmse = {(r.seqlen, r.scheme): r.rmse for r in rows if r.distribution == "outliers"}
@@ -138,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block", default="128,128", help="block_m,block_n")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sources", action="store_true", help="where block+H's error comes from")
+    parser.add_argument("--seeds", type=int, default=0, help="the target's ratio over N draws")
     args = parser.parse_args(argv)
     block_m, block_n = (int(x) for x in args.block.split(","))
     rows = study(
@@ -157,6 +214,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\nblock+H / per-tensor RMSE on outliers: {listed} (target <= {TARGET_RATIO}: "
         f"{'met' if met else 'NOT met'})"
     )
+    seqlens = [int(s) for s in args.seqlens.split(",")]
+    if args.sources:
+        print("\nblock+H's RMSE on outliers by source (one input quantised, the rest exact):")
+        for seqlen in seqlens:
+            g = torch.Generator().manual_seed(args.seed)
+            shape = (args.batch, args.heads, seqlen, args.head_dim)
+            q, k, v = (draw("outliers", shape, g) for _ in range(3))
+            found = error_sources(q, k, v, (block_m, block_n))
+            print(f"S={seqlen}: " + ", ".join(f"{name} {e:.2e}" for name, e in found.items()))
+    if args.seeds:
+        print(
+            f"\nthe target's ratio over seeds 0..{args.seeds - 1} (outliers, {args.heads} heads):"
+        )
+        for seqlen in seqlens:
+            spread = ratio_spread(seqlen, args.seeds, (block_m, block_n), args.heads)
+            cells = " ".join(f"{r:.2f}" for r in spread)
+            print(f"S={seqlen}: {cells} (mean {sum(spread) / len(spread):.2f})")
     return 0 if met else 1
 
 

@@ -53,3 +53,26 @@ def test_main_prints_the_table_and_the_target(
     out = capsys.readouterr().out
     assert "| outliers | 128 |" in out and "block+H / per-tensor RMSE on outliers: S=128:" in out
     assert status == (0 if "target <= 0.5: met" in out else 1)
+
+
+def test_error_sources_add_up_to_the_whole(fp8_error: ModuleType) -> None:
+    """Each input's share of block+H's error is below the whole, and the three add in squares
+    to about it (independent errors); finer descale blocks are listed beside."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (fp8_error.draw("outliers", (1, 2, 256, 128), g) for _ in range(3))
+    found = fp8_error.error_sources(q, k, v, (128, 128))
+    whole = float(
+        (
+            fp8_error.scheme_output("block+H", q, k, v, (128, 128)).double()
+            - fp8_error.attention64(q, k, v)
+        )
+        .pow(2)
+        .mean()
+        .sqrt()
+    )
+    shares = [found["q, k"], found["v"], found["p"]]
+    assert all(0 < s < whole for s in shares)
+    assert 0.8 < sum(s * s for s in shares) ** 0.5 / whole < 1.2
+    assert {f"block+H {m}x{n}" for m, n in fp8_error.FINER_BLOCKS} <= set(found)
+    spread = fp8_error.ratio_spread(256, 2, (128, 128), heads=1)
+    assert len(spread) == 2 and all(0 < r < 1.5 for r in spread)
