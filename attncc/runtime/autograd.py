@@ -32,9 +32,9 @@ from attncc.torch_eval import evaluate
 
 __all__ = ["Backward", "last_backend", "prepare"]
 
-# the backend the last backward of this process took ("cuda" or "triton: WHY"): a kernel's
-# torch op may be another Kernel's of the same spec (the op registry keeps the first one's),
-# so tests and benchmarks ask here rather than their own Kernel
+# the backend the last backward of this process took ("cuda" or "triton: WHY"), kept here
+# rather than on a Backward: a kernel's torch op may be another Kernel's of the same spec
+# (the op registry keeps the first one's)
 _LAST = [""]
 
 
@@ -63,8 +63,6 @@ class Backward:
         # recorded launches by call geometry, and why a geometry could not be recorded
         self._plans = Plans()
         self.refusals: dict[tuple[Any, ...], str] = {}
-        # the backend the last run took: "cuda" (the sm_90a kernel) or "triton: WHY"
-        self.ran = ""
 
     def module(self, interpreted: bool) -> ModuleType:
         return load_module(self.path, interpreted)
@@ -151,10 +149,9 @@ class Backward:
                 )
             sides: list[torch.Tensor] = []
             if hopper is None and config["backend"] == "triton":
-                self.ran = "triton: asked for"
+                _LAST[0] = "triton: asked for"
             elif hopper is None and deterministic:
-                self.ran = "triton: deterministic algorithms asked for"
-            _LAST[0] = self.ran
+                _LAST[0] = "triton: deterministic algorithms asked for"
             if hopper is not None:
                 dq, dk, dv = hopper
             else:
@@ -213,11 +210,11 @@ class Backward:
         """(dq, dk, dv) from the CUDA target's sm_90a backward (its dQ added up in float32
         by bulk reductions in any order: not bit-identical between runs), or None where the
         host module refuses the call (``_backward_refusal``, unless ``forced`` the Triton
-        backward where it is as fast) or the spec has side inputs with gradients; ``ran``
-        says which and why."""
+        backward where it is as fast) or the spec has side inputs with gradients;
+        ``last_backend()`` says which and why."""
         refusal = getattr(host, "_backward_refusal", None)
         if refusal is None or self.sides or self.sink_grads:
-            self.ran = "triton: the spec's module has no sm_90a backward, or side gradients"
+            _LAST[0] = "triton: the spec's module has no sm_90a backward, or side gradients"
             return None
         sizes, dtype, device = call  # the checked call's
         dout = dout.to(out.dtype)
@@ -225,14 +222,14 @@ class Backward:
             dout = torch.empty_like(out).copy_(dout)
         why = refusal(tensors, out, dout, sizes, dtype, device, forced)
         if why is not None:
-            self.ran = f"triton: {why}"
+            _LAST[0] = f"triton: {why}"
             return None
         dkv_float = grad_dtypes[1:] != (dtype, dtype)
         found = host._backward_hopper(
             tensors, params, out, lse.contiguous(), dout, dlse, sizes, dtype, device, dkv_float
         )
         dq, dk, dv = found
-        self.ran = "cuda"
+        _LAST[0] = "cuda"
         return dq, dk, dv
 
     def _buffers(
