@@ -3,23 +3,29 @@ backward of the same spec, under torch.profiler, one table of CUDA kernels each 
 call, calls, share), so a kernel or a copy that should not be there shows at once.
 
     python3 benchmarks/backward_profile.py SPEC "B,H:KVH,S,D" [bf16|fp16] [--documents N]
-                                           [--deterministic]
+                                           [--deterministic] [--host]
 
 ``--documents``: equal documents a sequence (4); ``--deterministic``: attncc's backward under
-``torch.use_deterministic_algorithms(True)`` (two passes, no atomics, for every spec).
+``torch.use_deterministic_algorithms(True)`` (two passes, no atomics, for every spec);
+``--host``: also the CPU time to issue one backward (benchmarks/calls.py's issue_us: 200
+calls unsynchronised) and where it goes (cProfile, the top entries by own time).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import sys
 from collections.abc import Callable
 
 import torch
+from calls import issue_us  # benchmarks/: the script's own folder is on sys.path
 from torch.profiler import ProfilerActivity, profile
 
 import attncc
 from attncc.bench import Shape, bench_inputs, sizes_for
+from attncc.runtime import autograd
 
 REPS = 5
 
@@ -48,6 +54,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("dtype", nargs="?", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--documents", type=int, default=4)
     parser.add_argument("--deterministic", action="store_true")
+    parser.add_argument("--host", action="store_true")
     args = parser.parse_args(argv)
     spec, dtype = args.spec, {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     kernel = attncc.compile(spec)
@@ -60,9 +67,21 @@ def main(argv: list[str]) -> None:
     grad = torch.randn_like(out)
     leaves = [inputs[n] for n in floats]
     torch.use_deterministic_algorithms(args.deterministic)
-    kernel_table(
-        f"attncc {spec}", lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True)
-    )
+
+    def step() -> None:
+        torch.autograd.grad(out, leaves, grad, retain_graph=True)
+
+    kernel_table(f"attncc {spec}", step)
+    print(f"  backend: {autograd.last_backend()}")
+    if args.host:
+        print(f"  CPU to issue one backward: {issue_us(step):.1f} us")
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(50):
+            step()
+        profiler.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
     torch.use_deterministic_algorithms(False)
     from attncc.bench import anchor_runners
 

@@ -185,7 +185,9 @@ if has backward; then
     # D=128, 16k tokens), attncc's forward and backward beside Flex's, FA2's and cuDNN's
     # backward; compiles in parallel first, then times a variant a process, within BUDGET_S
     # seconds (240). BACKWARD_TARGET: auto (default) or triton (the forward's target; the
-    # backward is Triton's either way). BACKWARD_RESUME=FILE continues an earlier call's file.
+    # backward is the CUDA target's sm_90a kernel where an auto kernel's host takes it: head
+    # dim 128 from 2048 keys on an H100/H200, raw scores; else Triton's). BACKWARD_RESUME=FILE
+    # continues an earlier call's file.
     table=backward_$gpu
     [ -n "${BACKWARD_RESUME:-}" ] && cp "$BACKWARD_RESUME" "$OUT/$table.jsonl"
     python3 benchmarks/backward.py --json "$OUT/$table.jsonl" --budget "${BUDGET_S:-240}" \
@@ -214,14 +216,15 @@ fi
 
 if has profile; then
     # Nsight Compute (tensor pipe, stall reasons, shared-memory conflicts, occupancy): where
-    # each kernel's time goes. PROFILE_CASES: "SPEC SHAPE TARGET;..." (TARGET cuda, triton or
-    # flex; default: the causal prefill of all three at D=128). PROFILE_SASS=1 also samples
+    # each kernel's time goes. PROFILE_CASES: "SPEC SHAPE TARGET;..." (TARGET cuda, triton,
+    # flex or cuda-backward; default: the causal prefill of all three at D=128). PROFILE_SASS=1 also samples
     # the warps' stalls per SASS instruction ($OUT/ncu_<case>_sass.csv.gz: the source page)
     IFS=';' read -ra profile_cases <<< "${PROFILE_CASES:-causal 4,16,4096,128 cuda;causal 4,16,4096,128 triton;causal 4,16,4096,128 flex}"
     for profile_case in "${profile_cases[@]}"; do
         read -r p_spec p_shape p_target <<< "$profile_case"
         kernels="fwd|fused"
         [ "$p_target" = flex ] && kernels="tem"  # Inductor's template kernel
+        [ "$p_target" = cuda-backward ] && kernels="_bwd$"
         name="${p_spec}_${p_shape//[,:]/_}_$p_target"
         extra=()
         [ -n "${PROFILE_SASS:-}" ] && extra=(--section SourceCounters --import-source no -o "/tmp/ncu_$name" -f)

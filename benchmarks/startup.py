@@ -4,10 +4,12 @@ Run twice by gpu_suite.sh: first with empty caches (cold compile, Triton JIT inc
 then warm (a new process reusing the on-disk attncc and Triton caches).
 
     [TARGET=auto] python3 benchmarks/startup.py SPEC LABEL [profile] [triton-imported]
-        [shape=B,H:KVH,S,D] [dtype=bf16|fp16|fp32]
+        [backward] [shape=B,H:KVH,S,D] [dtype=bf16|fp16|fp32]
     (profile: cProfile of the timed part; triton-imported: Triton imported before the clock
-    starts, as in a process that already used torch.compile; TARGET: the target compiled
-    for, triton unless set; shape and dtype: the call's, default 1,8:2,256,128 bf16)
+    starts, as in a process that already used torch.compile; backward: the inputs require
+    grad and the first backward is timed too (ATTNCC_BACKWARD picks its backend); TARGET:
+    the target compiled for, triton unless set; shape and dtype: the call's, default
+    1,8:2,256,128 bf16)
 
 The line printed says where the call's launch configuration came from: "table" (the
 heuristic table, attncc.runtime.heuristics), "tuned" (an `attncc tune` entry) and how many
@@ -39,6 +41,16 @@ dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
 # spec's IR: parsing and passes, no code generation; attncc.compile does both again, timed)
 inputs_ir = attncc.optimise(spec)[1]
 inputs = bench_inputs(inputs_ir, sizes_for(inputs_ir, shape), dtype, documents=4)
+backward = "backward" in flags
+leaves = [t.requires_grad_(True) for t in inputs.values() if backward and t.is_floating_point()]
+torch_autograd = ""
+if backward:
+    # torch's own first torch.autograd.grad given a gradient (it imports sympy for the shape
+    # check: 2.1 s on the H200 machine) is no part of attncc's first backward
+    before = time.perf_counter()
+    x = torch.ones(4, device="cuda", requires_grad=True)
+    torch.autograd.grad(x * 2, x, torch.ones_like(x))
+    torch_autograd = f"(torch's first autograd.grad first: {time.perf_counter() - before:.2f} s) "
 torch.cuda.synchronize()
 triton_import = ""
 if "triton-imported" in flags:
@@ -57,9 +69,17 @@ ready = time.perf_counter()
 # picks CUDA for prefill on an H100/H200)
 kernel = attncc.compile(spec, target=os.environ.get("TARGET", "triton"))
 compiled = time.perf_counter()
-kernel(*(inputs[name] for name in kernel.input_names))
+out = kernel(*(inputs[name] for name in kernel.input_names))
 torch.cuda.synchronize()
 done = time.perf_counter()
+backward_line = ""
+if backward:
+    from attncc.runtime import autograd
+
+    torch.autograd.grad(out, leaves, torch.ones_like(out))
+    torch.cuda.synchronize()
+    backward_time = time.perf_counter() - done
+    backward_line = f", first backward {backward_time:.2f} s ({autograd.last_backend()})"
 if profile is not None:
     import pstats
 
@@ -68,9 +88,9 @@ if profile is not None:
 sources = ", ".join(f"{k} {v}" for k, v in kernel.tuner.sources.items() if v) or "module defaults"
 print(
     f"{label} ({kernel.target}, {shape}, {options.get('dtype', 'bf16')}): "
-    f"import {imported - start:.2f} s, {triton_import}"
+    f"import {imported - start:.2f} s, {triton_import}{torch_autograd}"
     f"CUDA context and inputs {ready - imported:.2f} s, "
     f"attncc.compile {compiled - ready:.3f} s, "
     f"first call {done - compiled:.2f} s (config: {sources}; tuned inline "
-    f"{kernel.tuner.tuned} time(s)), compile + first call {done - ready:.2f} s"
+    f"{kernel.tuner.tuned} time(s)), compile + first call {done - ready:.2f} s{backward_line}"
 )

@@ -93,8 +93,8 @@ class Backward:
         """The gradient of every float input (``self.floats`` order), in its dtype; ``dlse``
         is the gradient of the log-sum-exp the forward wrote (batch axes, then rows);
         ``config`` picks the backend (``backend``, default the ATTNCC_BACKWARD environment
-        variable, else "auto": the Triton backward, or the CUDA target's sm_90a one where its
-        host module takes the call by default, which none does while it is not faster;
+        variable, else "auto": the CUDA target's sm_90a backward where its host module takes
+        the call by default (head dims of 128), else the Triton backward;
         "cuda": the sm_90a kernel wherever it can run; "triton"; deterministic algorithms
         always take Triton's), and for Triton overrides the kernels' tiles (``dq_config``,
         ``dkdv_config``: (block_m, block_n, num_warps, num_stages)), picks the dkdv kernel
@@ -114,7 +114,6 @@ class Backward:
 
         params = host._param_defaults(sizes, dict(params))
         on_cpu = device.type == "cpu"
-        module = self.module(on_cpu)
         k = self.ir
         assert k.query_axis is not None
         rows, keys = k.query_axis.index, k.key_axis.index
@@ -155,8 +154,10 @@ class Backward:
             if hopper is not None:
                 dq, dk, dv = hopper
             else:
+                # the Triton module (Triton's import and JIT objects) loaded where Triton's
+                # backward runs alone: the sm_90a backward needs none of it
                 dq, dk, dv, sides = self._buffers(
-                    module,
+                    self.module(on_cpu),
                     tensors,
                     params,
                     out,

@@ -52,7 +52,7 @@ def test_cuda_backward_gradients(
 ) -> None:
     """The sm_90a backward (a block a key tile, dQ added in float32) by flash-attn's rule,
     on lengths that leave partial query and key tiles (1000, 333) and both head dims, asked
-    for (ATTNCC_BACKWARD=cuda: by default every call takes the Triton backward, as fast)."""
+    for (ATTNCC_BACKWARD=cuda: by default head dims of 64 take the Triton backward, as fast)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm_90a backward needs an sm_90 GPU")
     monkeypatch.setenv("ATTNCC_BACKWARD", "cuda")
@@ -64,12 +64,46 @@ def test_cuda_backward_gradients(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["document_mask", "causal", "gqa_causal", "alibi", "bias"])
-def test_a_backward_never_waits_for_the_gpu(name: str) -> None:
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("name", ["causal", "gqa_causal"])
+def test_the_default_backward_backend(
+    name: str, head_dim: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unasked (ATTNCC_BACKWARD unset), an sm_90 GPU runs the sm_90a backward at head dim
+    128 from 2048 keys, where it is ahead, and the Triton backward at 64, where that is as
+    fast; both by flash-attn's rule."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a backward needs an sm_90 GPU")
+    monkeypatch.delenv("ATTNCC_BACKWARD", raising=False)
+    given, params = draw(name, 1, 8, 2048, head_dim, torch.bfloat16, "cuda")
+    as_fast = "the Triton backward is as fast below 2048 keys or at head dim 64"
+    expected = (
+        "cuda" if head_dim == 128 else f"triton: {as_fast} (ATTNCC_BACKWARD=cuda asks for this one)"
+    )
+    verdicts = gradient_verdicts(name, given, params, target="cuda", backend=expected)
+    failing = {n: v for n, v in verdicts.items() if not v.ok}
+    assert not failing, failing
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("name", "head_dim"),
+    [
+        ("document_mask", 64),
+        ("causal", 64),
+        ("causal", 128),
+        ("gqa_causal", 64),
+        ("alibi", 64),
+        ("bias", 64),
+    ],
+)
+def test_a_backward_never_waits_for_the_gpu(name: str, head_dim: int) -> None:
     """No step of a backward synchronises the host with the device (a copy from a host
     list, a value read back): each would hold the CPU until the GPU's queue drains, so
-    kernels and host work no longer overlap. CUDA's sync debug mode raises on any."""
-    given, params = draw(name, 2, 4, 256, 64, torch.bfloat16, "cuda")
+    kernels and host work no longer overlap. CUDA's sync debug mode raises on any; causal
+    at head dim 128 and 2048 keys takes the sm_90a backward on an H100 or H200."""
+    seq = 2048 if head_dim == 128 else 256
+    given, params = draw(name, 2, 4, seq, head_dim, torch.bfloat16, "cuda")
     kernel = attncc.compile(EXAMPLES / f"{name}.attn")
     floats = [n for n in kernel.input_names if given[n].is_floating_point()]
     for n in floats:
