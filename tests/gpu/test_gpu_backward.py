@@ -7,11 +7,15 @@ sizes on the CPU; the float64 reference there notes its memory at S=2048 (a few 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from grad_cases import EXAMPLES, NAMES, draw, gradient_verdicts
+from torch.utils.checkpoint import checkpoint
 
 import attncc
+from attncc.runtime import autograd
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
@@ -117,3 +121,41 @@ def test_a_backward_never_waits_for_the_gpu(name: str, head_dim: int) -> None:
         torch.autograd.grad(out, [given[n] for n in floats], grad, retain_graph=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wrapper", ["torch.compile", "checkpoint"])
+def test_the_sm90a_backward_traced_and_checkpointed(
+    wrapper: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default sm_90a backward (target auto, causal, head dim 128, 2048 keys) under
+    torch.compile(fullgraph=True) and torch.utils.checkpoint gives the eager call's
+    gradients: dK and dV bit for bit (each written once by one block), dQ within one bf16
+    step of its largest value (its float32 sums are added in any order)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a backward needs an sm_90 GPU")
+    monkeypatch.setenv("ATTNCC_TARGET", "auto")  # the suite's default is triton
+    monkeypatch.delenv("ATTNCC_BACKWARD", raising=False)
+    kernel = attncc.compile(EXAMPLES / "causal.attn")
+    gen = torch.Generator().manual_seed(11)
+    inputs = [torch.randn(1, 4, 2048, 128, generator=gen).bfloat16().cuda() for _ in range(3)]
+    grad = torch.randn(1, 4, 2048, 128, generator=gen).bfloat16().cuda()
+
+    def layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return kernel(q, k, v)
+
+    def gradients(fn: Any) -> tuple[torch.Tensor, ...]:
+        leaves = [t.clone().requires_grad_(True) for t in inputs]
+        return torch.autograd.grad(fn(*leaves), leaves, grad)
+
+    eager = gradients(layer)
+    assert autograd.last_backend() == "cuda", autograd.last_backend()
+    if wrapper == "torch.compile":
+        wrapped = gradients(torch.compile(layer, fullgraph=True))
+    else:
+        wrapped = gradients(lambda *a: checkpoint(layer, *a, use_reentrant=False))
+    assert autograd.last_backend() == "cuda", autograd.last_backend()
+    dq, dk, dv = wrapped
+    assert torch.equal(dk, eager[1]) and torch.equal(dv, eager[2])
+    step = eager[0].abs().max().item() * 2**-7
+    assert (dq - eager[0]).abs().max().item() <= step
