@@ -661,6 +661,7 @@ class _Context:
             "fused_fn": f"attncc_{self.name}_fwd",
             "backward_fn": f"attncc_{self.name}_bwd" if self.has_backward() else None,
             "delta_fn": f"attncc_{self.name}_bwd_delta" if self.has_backward() else None,
+            "dq_fn": f"attncc_{self.name}_bwd_dq" if self.has_backward() else None,
             "rows_fn": None if k.schedule == "split_kv" else f"attncc_{self.name}_rows",
             "fused": fused,
             "tile_index_masks": len(fused["tile_index"]["masks"]) if fused["tile_index"] else 0,

@@ -225,10 +225,10 @@ class Backward:
         if why is not None:
             _LAST[0] = f"triton: {why}"
             return None
-        dkv_float = grad_dtypes[1:] != (dtype, dtype)
-        found = host._backward_hopper(
-            tensors, params, out, lse.contiguous(), dout, dlse, sizes, dtype, device, dkv_float
-        )
+        dq_float, dkv_float = grad_dtypes[0] != dtype, grad_dtypes[1:] != (dtype, dtype)
+        lse = lse.contiguous()
+        args = (tensors, params, out, lse, dout, dlse, sizes, dtype, device, dq_float, dkv_float)
+        found = host._backward_hopper(*args)
         dq, dk, dv = found
         _LAST[0] = "cuda"
         return dq, dk, dv

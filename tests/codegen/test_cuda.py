@@ -961,7 +961,7 @@ def test_each_family_holds_only_its_kernels_after_its_header() -> None:
     ]
     assert families("causal") == ["hopper", "mma", "fma", "split", "backward"]
     backward = kernel_names(dict(rendered("causal").sources)["backward"])
-    assert backward == ["attncc_causal_bwd", "attncc_causal_bwd_delta"]
+    assert backward == ["attncc_causal_bwd", "attncc_causal_bwd_delta", "attncc_causal_bwd_dq"]
     # the sm_90a backward takes raw scores without a tile index alone
     assert "backward" not in families("softcap") and "backward" not in families("document_mask")
 
