@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 import torch
-from grad_cases import NAMES, draw, gradient_verdicts
+from grad_cases import EXAMPLES, NAMES, draw, gradient_verdicts
 
+import attncc
 from attncc.runtime import autograd
 
 pytestmark = pytest.mark.filterwarnings(
@@ -51,3 +52,35 @@ def test_the_backward_backend_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     verdicts = gradient_verdicts("causal", given, params)
     assert all(v.ok for v in verdicts.values()), verdicts
     assert autograd.last_backend().startswith("triton: "), autograd.last_backend()
+
+
+@pytest.mark.parametrize(
+    ("name", "keys", "head_dim", "forced", "takes"),
+    [
+        ("causal", 2048, 128, False, True),
+        ("gqa_causal", 4096, 128, False, True),
+        ("causal", 2047, 128, False, False),  # below 2048 keys: Triton's is as fast
+        ("causal", 4096, 64, False, False),  # head dim 64: the same
+        ("causal", 1024, 64, True, True),  # ATTNCC_BACKWARD=cuda
+        ("causal", 4096, 96, False, False),  # padded to 128: not measured
+        ("causal", 4096, 96, True, True),
+        ("causal", 4096, 160, True, False),  # past 128: no sm_90a backward
+    ],
+)
+def test_which_calls_the_sm90a_backward_takes(
+    name: str, keys: int, head_dim: int, forced: bool, takes: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA host module's rule for the sm_90a backward (_backward_refusal), as if on an
+    sm_90 GPU: by default head dim 128 from 2048 keys, where it measured ahead of the Triton
+    backward; asked for, any head dim up to 128 (padded to 64 or 128); never past 128."""
+    host = attncc.compile(EXAMPLES / f"{name}.attn", target="cuda").module(False)
+    monkeypatch.setattr(host, "_has_wgmma", lambda device: True)
+    heads, kv_heads = (8, 2) if name == "gqa_causal" else (4, 4)
+    q = torch.zeros(1, heads, keys, head_dim, dtype=torch.bfloat16)
+    k, v = (torch.zeros(1, kv_heads, keys, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    sizes = {"B": 1, "H": heads, "KVH": kv_heads, "M": keys, "N": keys, "D": head_dim}
+    out = torch.zeros_like(q)
+    why = host._backward_refusal(
+        {"q": q, "k": k, "v": v}, out, out, sizes, torch.bfloat16, torch.device("cuda"), forced
+    )
+    assert (why is None) == takes, why
