@@ -94,7 +94,7 @@ class Backward:
         is the gradient of the log-sum-exp the forward wrote (batch axes, then rows);
         ``config`` picks the backend (``backend``, default the ATTNCC_BACKWARD environment
         variable, else "auto": the CUDA target's sm_90a backward where its host module takes
-        the call by default (head dims of 128), else the Triton backward;
+        the call by default (head dim 128, from 2048 keys), else the Triton backward;
         "cuda": the sm_90a kernel wherever it can run; "triton"; deterministic algorithms
         always take Triton's), and for Triton overrides the kernels' tiles (``dq_config``,
         ``dkdv_config``: (block_m, block_n, num_warps, num_stages)), picks the dkdv kernel
@@ -228,8 +228,7 @@ class Backward:
         dq_float, dkv_float = grad_dtypes[0] != dtype, grad_dtypes[1:] != (dtype, dtype)
         lse = lse.contiguous()
         args = (tensors, params, out, lse, dout, dlse, sizes, dtype, device, dq_float, dkv_float)
-        found = host._backward_hopper(*args)
-        dq, dk, dv = found
+        dq, dk, dv = host._backward_hopper(*args)
         _LAST[0] = "cuda"
         return dq, dk, dv
 
