@@ -39,6 +39,14 @@ EXAMPLES = ROOT / "examples"
 NAMES = sorted(p.stem for p in EXAMPLES.glob("*.attn"))
 NVCC = shutil.which("nvcc")
 
+
+def nvcc(source: Path, out: Path, output: str, arch: str = "sm_90a", timeout: int = 120) -> None:
+    """nvcc of one source into `out` (`output`: "--ptx", "-c" or "-cubin"), asserted to pass."""
+    cmd = [NVCC or "nvcc", f"-arch={arch}", "-std=c++17", output, str(source), "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
 # three MMA groups on 192-row tiles: the default at head dim 64
 THREE_GROUPS_64 = {
     "ATTNCC_WGMMA": 2,
@@ -385,17 +393,7 @@ def test_fp8_score_factor_read_by_the_key_stays_a_score_multiply(tmp_path: Path)
     assert "score_factor" not in rendered_.source
     source = tmp_path / "fp8_key.cu"
     source.write_text(rendered_.standalone())
-    cmd = [
-        NVCC or "nvcc",
-        "-arch=sm_90a",
-        "-std=c++17",
-        "--ptx",
-        str(source),
-        "-o",
-        str(tmp_path / "o.ptx"),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-4000:]
+    nvcc(source, tmp_path / "o.ptx", "--ptx")
 
 
 def test_golden_cuda_source() -> None:
@@ -898,9 +896,7 @@ def test_wgmma_probe_compiles_for_sm90a_and_traps_without_its_features(tmp_path:
     ptx = {}
     for arch in ("sm_90a", "sm_90"):
         out = tmp_path / f"probe_{arch}.ptx"
-        cmd = [NVCC or "nvcc", f"-arch={arch}", "-std=c++17", "--ptx", str(source), "-o", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr[-4000:]
+        nvcc(source, out, "--ptx", arch)
         ptx[arch] = out.read_text()
     assert ptx["sm_90a"].count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 8
     assert ptx["sm_90a"].count("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4
@@ -910,10 +906,7 @@ def test_wgmma_probe_compiles_for_sm90a_and_traps_without_its_features(tmp_path:
     fences = ("wgmma.fence", "wgmma.commit_group", "wgmma.wait_group", "fence.proxy.async")
     assert all(fence in ptx["sm_90a"] for fence in fences)
     assert "wgmma.mma_async" not in ptx["sm_90"] and "trap;" in ptx["sm_90"]
-    cubin = tmp_path / "probe.cubin"
-    cmd = [NVCC or "nvcc", "-arch=sm_90a", "-std=c++17", "-cubin", str(source), "-o", str(cubin)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-4000:]
+    nvcc(source, tmp_path / "probe.cubin", "-cubin")
 
 
 # ----------------------------------------------------------------------------- kernel families
@@ -1068,17 +1061,7 @@ def test_compile_writes_a_standalone_file_or_every_family(
     assert cli.main(["compile", spec, "--target", "cuda", "-o", str(out)]) == 0
     assert capsys.readouterr().err == f"wrote {out} (target cuda)\n"
     assert out.read_text() == rendered("causal").standalone()
-    cmd = [
-        NVCC or "nvcc",
-        "-arch=sm_90a",
-        "-std=c++17",
-        "-c",
-        str(out),
-        "-o",
-        str(tmp_path / "k.o"),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    nvcc(out, tmp_path / "k.o", "-c", timeout=600)
     folder = tmp_path / "all"
     folder.mkdir()
     assert cli.main(["compile", spec, "--target", "cuda", "-o", str(folder)]) == 0
