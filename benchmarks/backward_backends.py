@@ -2,6 +2,7 @@
 
     python3 benchmarks/backward_backends.py SPEC "B,H:KVH,S,D" [SHAPE ...] [--dtype bf16]
                                             [--rounds 3] [--anchors flex,sdpa-flash,sdpa-cudnn]
+                                            [--frozen slopes]
 
 Per shape: attncc's forward (no grad) and its backward through ``torch.autograd.grad`` with
 the CUDA target's sm_90a kernel (``ATTNCC_BACKWARD=cuda``, where the spec and call allow it:
@@ -39,11 +40,13 @@ def timed(step: Callable[[], object]) -> Callable[[], float]:
     return lambda: float(triton.testing.do_bench(step, warmup=25, rep=100))
 
 
-def one_shape(spec: str, shape: str, dtype: torch.dtype, rounds: int, anchors: list[str]) -> None:
+def one_shape(
+    spec: str, shape: str, dtype: torch.dtype, rounds: int, anchors: list[str], frozen: list[str]
+) -> None:
     kernel = attncc.compile(spec)
     sizes = sizes_for(kernel.ir, Shape.parse(shape))
     inputs = bench_inputs(kernel.ir, sizes, dtype, documents=4)
-    floats = [n for n in kernel.input_names if inputs[n].is_floating_point()]
+    floats = [n for n in kernel.input_names if inputs[n].is_floating_point() and n not in frozen]
     for name in floats:
         inputs[name].requires_grad_(True)
     leaves = [inputs[n] for n in floats]
@@ -109,11 +112,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--anchors", default=",".join(ANCHORS), help="comma separated, or none")
+    parser.add_argument(
+        "--frozen", default="", help="float inputs without a gradient (comma separated: slopes)"
+    )
     args = parser.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     for shape in args.shapes:
         anchors = [a for a in args.anchors.split(",") if a in ANCHORS]
-        one_shape(args.spec, shape, dtype, args.rounds, anchors)
+        frozen = [n for n in args.frozen.split(",") if n]
+        one_shape(args.spec, shape, dtype, args.rounds, anchors, frozen)
         torch.cuda.empty_cache()
 
 

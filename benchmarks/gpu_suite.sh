@@ -186,7 +186,7 @@ if has backward; then
     # backward; compiles in parallel first, then times a variant a process, within BUDGET_S
     # seconds (240). BACKWARD_TARGET: auto (default) or triton (the forward's target; the
     # backward is the CUDA target's sm_90a kernel where an auto kernel's host takes it: head
-    # dim 128 from 2048 keys on an H100/H200, raw scores; else Triton's). BACKWARD_RESUME=FILE
+    # dim 128 from 2048 keys on an H100/H200, no tile index; else Triton's). BACKWARD_RESUME=FILE
     # continues an earlier call's file.
     table=backward_$gpu
     [ -n "${BACKWARD_RESUME:-}" ] && cp "$BACKWARD_RESUME" "$OUT/$table.jsonl"

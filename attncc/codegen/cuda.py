@@ -26,6 +26,7 @@ from attncc.codegen import cuda_exprs as cu
 from attncc.codegen import cuda_wgmma, host, plan, templating
 from attncc.codegen import exprs as cx
 from attncc.ir import nodes as ir
+from attncc.ir.derivative import NoDerivative, score_chain
 from attncc.ir.verify import subexprs
 from attncc.passes.schedule import group_subscript
 from attncc.spec import ast
@@ -43,7 +44,7 @@ FAMILIES = {
     "mma": "sm_80+: the fused kernel on mma.sync, or one sm_90a wgmma block a tile",
     "fma": "fp32 inputs: a warp a row on FMA units",
     "split": "split-KV on mma.sync: decode and few-query calls",
-    "backward": "sm_90a: the gradients of Q, K and V (raw scores, no tile index)",
+    "backward": "sm_90a: the gradients of Q, K and V (no tile index)",
 }
 # The shipped headers every family includes (the Hopper one where its kernels use it),
 # spec-independent: device helpers, warp-group MMAs, TMA and barriers
@@ -180,6 +181,21 @@ class _Context:
         lines = [f"float s = qk * ({self._scale(env)});"]
         lines += [f"s = {cu.cuda_expr(mod, env)};" for mod in self.k.score_mods]
         lines.append("float s2 = s * ATTNCC_LOG2E;")
+        return lines
+
+    def backward_chain(self, env: cu.CudaEnv) -> list[str] | None:
+        """The sm_90a backward's lines from a raw dot product ``qk`` to the score ``s`` and
+        ``fac``, d(s)/d(qk) over the scale (the chain rule through each modification, the
+        factor taken at the score the modification reads: ``fac`` is declared 1 before
+        them); None where the scores are the scaled dot products."""
+        mods = self.k.score_mods
+        if not mods:
+            return None
+        lines = [f"float s = qk * ({self._scale(env)});"]
+        for mod, (d_score, _) in zip(mods, score_chain(mods), strict=True):
+            if d_score != ir.Const(1.0, "float"):
+                lines.append(f"fac *= {cu.cuda_expr(d_score, env)};")
+            lines.append(f"s = {cu.cuda_expr(mod, env)};")
         return lines
 
     def score_row_lines(self, env: cu.CudaEnv) -> list[str]:
@@ -593,16 +609,21 @@ class _Context:
         return families + (["backward"] if self.has_backward() else [])
 
     def has_backward(self) -> bool:
-        """Whether the sm_90a backward (family_backward.cu.jinja) renders for this spec: the
-        scores are the scaled dot products (no score modification: the gradient of a score
-        is the gradient of Q K^T times the scale), no tile index (document masks), no sink,
-        no value scale, a query axis, and key bounds that read no tensor (cache lengths: the
-        kernel reads every key of its tile, and past such a bound the cache may hold NaN,
-        which dP would carry into dS). Other specs' gradients come from the Triton backward
+        """Whether the sm_90a backward (family_backward.cu.jinja) renders for this spec: score
+        modifications with a derivative for the score (the chain rule runs in the kernel;
+        gradients of the side inputs they read come from the Triton backward: the runtime
+        takes it for such calls), no tile index (document masks), no sink, no value scale,
+        no FP8, a query axis, and key bounds that read no tensor (cache lengths: the kernel
+        reads every key of its tile, and past such a bound the cache may hold NaN, which dP
+        would carry into dS). Other specs' gradients come from the Triton backward
         (attncc.codegen.backward)."""
         k = self.k
         assert k.mask_plan is not None
-        plain = not k.score_mods and k.tile_index is None and k.sink is None
+        try:
+            score_chain(k.score_mods)
+        except NoDerivative:
+            return False
+        plain = k.tile_index is None and k.sink is None
         plain = plain and not plan.bounds_read_tensors(k.mask_plan)
         return plain and k.value_scale is None and not k.fp8 and k.query_axis is not None
 
@@ -662,6 +683,7 @@ class _Context:
             "backward_fn": f"attncc_{self.name}_bwd" if self.has_backward() else None,
             "delta_fn": f"attncc_{self.name}_bwd_delta" if self.has_backward() else None,
             "dq_fn": f"attncc_{self.name}_bwd_dq" if self.has_backward() else None,
+            "backward_chain": self.backward_chain(self.env(False)) if self.has_backward() else None,
             "rows_fn": None if k.schedule == "split_kv" else f"attncc_{self.name}_rows",
             "fused": fused,
             "tile_index_masks": len(fused["tile_index"]["masks"]) if fused["tile_index"] else 0,

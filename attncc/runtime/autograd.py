@@ -89,8 +89,11 @@ class Backward:
         dout: torch.Tensor,
         dlse: torch.Tensor,
         config: dict[str, Any] | None = None,
+        needs: list[bool] | None = None,
     ) -> list[torch.Tensor]:
-        """The gradient of every float input (``self.floats`` order), in its dtype; ``dlse``
+        """The gradient of every float input (``self.floats`` order), in its dtype, or of
+        those ``needs`` names (the others empty: a side input without one lets the sm_90a
+        backward take the call, which has no side gradients); ``dlse``
         is the gradient of the log-sum-exp the forward wrote (batch axes, then rows);
         ``config`` picks the backend (``backend``, default the ATTNCC_BACKWARD environment
         variable, else "auto": the CUDA target's sm_90a backward where its host module takes
@@ -138,15 +141,27 @@ class Backward:
                 grad_dtypes,
                 config["dq_atomic"],
             )
+            needs = [True] * len(self.floats) if needs is None else needs
             hopper = None
             deterministic = torch.are_deterministic_algorithms_enabled()
             if config["backend"] != "triton" and not deterministic:
                 forced = config["backend"] == "cuda"
                 call = (sizes, dtype, device)
+                side_needs = any(needs[self.floats.index(s.load.tensor)] for s in self.sides)
                 hopper = self._hopper(
-                    host, tensors, params, out, lse, dout, flat_dlse, call, grad_dtypes, forced
+                    host,
+                    tensors,
+                    params,
+                    out,
+                    lse,
+                    dout,
+                    flat_dlse,
+                    call,
+                    grad_dtypes,
+                    forced,
+                    side_needs,
                 )
-            sides: list[torch.Tensor] = []
+            sides: list[tuple[Any, torch.Tensor]] = []  # (side, its buffer): Triton's alone
             if hopper is None and config["backend"] == "triton":
                 _LAST[0] = "triton: asked for"
             elif hopper is None and deterministic:
@@ -156,7 +171,7 @@ class Backward:
             else:
                 # the Triton module (Triton's import and JIT objects) loaded where Triton's
                 # backward runs alone: the sm_90a backward needs none of it
-                dq, dk, dv, sides = self._buffers(
+                dq, dk, dv, buffers = self._buffers(
                     self.module(on_cpu),
                     tensors,
                     params,
@@ -169,10 +184,11 @@ class Backward:
                     device,
                     schedule,
                 )
+                sides = list(zip(self.sides, buffers, strict=True))
         grads: dict[str, torch.Tensor] = {}
         for (operand, inner), buffer in zip(operands, (dq, dk, dv), strict=True):
             scatter.add(grads, operand, buffer, inner)
-        for side, buffer in zip(self.sides, sides, strict=True):
+        for side, buffer in sides:
             operand = ir.Operand(side.load.tensor, side.load.indices)
             if side.carries == "rows_keys":
                 scatter.add(grads, operand, buffer, (rows, keys))
@@ -189,10 +205,12 @@ class Backward:
                 operand = ir.Operand(sink.load.tensor, sink.load.indices)
                 scatter.add(grads, operand, d_sink * factor, ())
         return [
-            grads[name].to(tensors[name].dtype)
+            tensors[name].new_empty(0)
+            if not need
+            else grads[name].to(tensors[name].dtype)
             if name in grads
             else torch.zeros_like(tensors[name])
-            for name in self.floats
+            for name, need in zip(self.floats, needs, strict=True)
         ]
 
     def _hopper(
@@ -207,15 +225,19 @@ class Backward:
         call: tuple[dict[str, int], torch.dtype, torch.device],
         grad_dtypes: tuple[torch.dtype, ...],
         forced: bool,
+        side_needs: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(dq, dk, dv) from the CUDA target's sm_90a backward (its dQ added up in float32
         by bulk reductions in any order: not bit-identical between runs), or None where the
         host module refuses the call (``_backward_refusal``, unless ``forced`` the Triton
-        backward where it is as fast) or the spec has side inputs with gradients;
-        ``last_backend()`` says which and why."""
+        backward where it is as fast) or a side input's gradient is needed (``side_needs``)
+        or the spec has sinks; ``last_backend()`` says which and why."""
         refusal = getattr(host, "_backward_refusal", None)
-        if refusal is None or self.sides or self.sink_grads:
-            _LAST[0] = "triton: the spec's module has no sm_90a backward, or side gradients"
+        if refusal is None or self.sink_grads:
+            _LAST[0] = "triton: the spec's module has no sm_90a backward"
+            return None
+        if side_needs:
+            _LAST[0] = "triton: a side input's gradient is needed (the sm_90a backward has none)"
             return None
         sizes, dtype, device = call  # the checked call's
         dout = dout.to(out.dtype)

@@ -289,25 +289,36 @@ class Kernel:
     def _backward_args(
         self, args: tuple[Any, ...]
     ) -> tuple[
-        dict[str, Any], dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
+        dict[str, Any],
+        dict[str, Any],
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        list[bool],
     ]:
         n, p = len(self.input_names), len(self.param_names)
         tensors = dict(zip(self.input_names, args[:n], strict=True))
         params = {
             k: v for k, v in zip(self.param_names, args[n : n + p], strict=True) if v is not None
         }
-        out, lse, grad_out, grad_lse = args[n + p :]
-        return tensors, params, out, lse, grad_out, grad_lse
+        out, lse, grad_out, grad_lse, needs = args[n + p :]
+        return tensors, params, out, lse, grad_out, grad_lse, list(needs)
 
     def _backward_run(self, *args: Any) -> list[torch.Tensor]:
         assert isinstance(self._backward, autograd.Backward)
-        tensors, params, out, lse, grad_out, grad_lse = self._backward_args(args)
-        return self._backward.run(self._host, tensors, params, out, lse, grad_out, grad_lse)
+        tensors, params, out, lse, grad_out, grad_lse, needs = self._backward_args(args)
+        return self._backward.run(
+            self._host, tensors, params, out, lse, grad_out, grad_lse, needs=needs
+        )
 
     def _backward_fake(self, *args: Any) -> list[torch.Tensor]:
         assert isinstance(self._backward, autograd.Backward)
-        tensors = self._backward_args(args)[0]
-        return [torch.empty_like(tensors[name]) for name in self._backward.floats]
+        tensors, *_, needs = self._backward_args(args)
+        return [
+            torch.empty_like(tensors[name]) if need else tensors[name].new_empty(0)
+            for name, need in zip(self._backward.floats, needs, strict=True)
+        ]
 
     def _fallback_launch(
         self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool

@@ -54,8 +54,9 @@ def no_backward_error(reason: str, inputs: list[str]) -> NotImplementedError:
 @dataclass(frozen=True)
 class BackwardOps:
     """A kernel's backward: ``run`` and ``fake`` take the forward's inputs and params, the
-    output, the log-sum-exp and the gradients of both, and return the gradients of the
-    inputs named ``floats`` (in that order)."""
+    output, the log-sum-exp, the gradients of both and which gradients are needed, and
+    return the gradients of the inputs named ``floats`` (in that order; empty where not
+    needed)."""
 
     run: Callable[..., list[torch.Tensor]]
     fake: Callable[..., list[torch.Tensor]]
@@ -85,7 +86,9 @@ def _register_backward(kernel: AttentionKernel, op_name: str, ops: BackwardOps) 
     args = [f"Tensor t_{safe_name(t.name)}" for t in kernel.tensors]
     for p in kernel.params:
         args.append(f"{'float' if p.type == 'float' else 'int'}? p_{safe_name(p.name)}")
-    args += ["Tensor out", "Tensor lse", "Tensor grad_out", "Tensor grad_lse"]
+    # needs: which of ``ops.floats`` the caller wants a gradient of (the others come back
+    # empty; side inputs without one let the sm_90a backward take the call)
+    args += ["Tensor out", "Tensor lse", "Tensor grad_out", "Tensor grad_lse", "bool[] needs"]
     schema = f"({', '.join(args)}) -> Tensor[]"
     _LIBRARY.define(bwd_name + schema)  # type: ignore[no-untyped-call]
     _LIBRARY.impl(bwd_name, ops.run, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
@@ -110,7 +113,8 @@ def _register_backward(kernel: AttentionKernel, op_name: str, ops: BackwardOps) 
             grad_out = torch.zeros_like(out)
         if grad_lse is None:
             grad_lse = torch.zeros_like(lse)
-        grads = bwd(*tensors, *ctx.params, out, lse, grad_out, grad_lse)
+        needs = [bool(ctx.needs_input_grad[position[name]]) for name in ops.floats]
+        grads = bwd(*tensors, *ctx.params, out, lse, grad_out, grad_lse, needs)
         result: list[Any] = [None] * (inputs + params + 1)
         for name, grad in zip(ops.floats, grads, strict=True):
             if ctx.needs_input_grad[position[name]]:

@@ -204,6 +204,8 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
 FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS if variant != "wgmma2-default"]
 # a mask left residual by the key interval (prefix LM's union) in the backward
 FULL_COMPILE += [("prefix_lm", variant) for variant in ("backward-bf16-128", "backward-f16-64")]
+# the chain rule through a score modification (softcap's tanh; ALiBi's slopes, read per head)
+FULL_COMPILE += [(name, "backward-bf16-128") for name in ("softcap", "alibi")]
 FULL_COMPILE += [("paged_decode", "split-bf16-128")]
 FULL_COMPILE += [
     (name, wgmma)
@@ -955,8 +957,10 @@ def test_each_family_holds_only_its_kernels_after_its_header() -> None:
     assert families("causal") == ["hopper", "mma", "fma", "split", "backward"]
     backward = kernel_names(dict(rendered("causal").sources)["backward"])
     assert backward == ["attncc_causal_bwd", "attncc_causal_bwd_delta", "attncc_causal_bwd_dq"]
-    # the sm_90a backward takes raw scores without a tile index alone
-    assert "backward" not in families("softcap") and "backward" not in families("document_mask")
+    # the sm_90a backward takes score modifications (their chain rule in the kernel), not a
+    # tile index
+    assert "backward" in families("softcap") and "backward" in families("alibi")
+    assert "backward" not in families("document_mask")
 
 
 def test_headers_are_spec_independent_and_guarded() -> None:

@@ -33,8 +33,10 @@ def test_gradients_at_training_sizes_on_gpu(name: str, seq: int, head_dim: int) 
     torch.cuda.empty_cache()
 
 
-# the specs the CUDA target's sm_90a backward takes (raw scores, no tile index): masks
-# that fold into the key interval, a union of two (prefix LM), the bottom-right diagonal
+# the specs the CUDA target's sm_90a backward takes (no tile index): masks that fold into
+# the key interval, a union of two (prefix LM), the bottom-right diagonal, score
+# modifications (the chain rule through tanh; side inputs read per head, per score, through
+# a gathered index)
 CUDA_BACKWARD = (
     "fused",
     "causal",
@@ -42,6 +44,10 @@ CUDA_BACKWARD = (
     "sliding_window",
     "prefix_lm",
     "causal_bottom_right",
+    "softcap",
+    "alibi",
+    "bias",
+    "relative_bias",
 )
 
 
@@ -56,12 +62,16 @@ def test_cuda_backward_gradients(
 ) -> None:
     """The sm_90a backward (a block a key tile, dQ added in float32) by flash-attn's rule,
     on lengths that leave partial query and key tiles (1000, 333) and both head dims, asked
-    for (ATTNCC_BACKWARD=cuda: by default head dims of 64 take the Triton backward, as fast)."""
+    for (ATTNCC_BACKWARD=cuda: by default head dims of 64 take the Triton backward, as fast).
+    Side inputs (ALiBi's slopes, biases) in Q's dtype without a gradient: the sm_90a
+    backward computes none (a call that needs one takes the Triton backward)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm_90a backward needs an sm_90 GPU")
     monkeypatch.setenv("ATTNCC_BACKWARD", "cuda")
     given, params = draw(name, 2, 8, seq, head_dim, dtype, "cuda")
-    verdicts = gradient_verdicts(name, given, params, target="cuda", backend="cuda")
+    given = {n: t.to(dtype) if t.is_floating_point() else t for n, t in given.items()}
+    needs = ("q", "k", "v")
+    verdicts = gradient_verdicts(name, given, params, "cuda", "cuda", needs)
     failing = {n: v for n, v in verdicts.items() if not v.ok}
     assert not failing, failing
     torch.cuda.empty_cache()

@@ -65,6 +65,8 @@ def test_the_backward_backend_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         ("causal", 4096, 96, False, False),  # padded to 128: not measured
         ("causal", 4096, 96, True, True),
         ("causal", 4096, 160, True, False),  # past 128: no sm_90a backward
+        ("softcap", 4096, 128, False, True),  # the chain rule through tanh in the kernel
+        ("alibi", 4096, 128, False, True),  # the slopes' gradient: Backward.run decides
     ],
 )
 def test_which_calls_the_sm90a_backward_takes(
@@ -80,7 +82,34 @@ def test_which_calls_the_sm90a_backward_takes(
     k, v = (torch.zeros(1, kv_heads, keys, head_dim, dtype=torch.bfloat16) for _ in range(2))
     sizes = {"B": 1, "H": heads, "KVH": kv_heads, "M": keys, "N": keys, "D": head_dim}
     out = torch.zeros_like(q)
+    tensors = {"q": q, "k": k, "v": v}
+    if name == "alibi":
+        tensors["slopes"] = torch.ones(heads, dtype=torch.bfloat16)
     why = host._backward_refusal(
-        {"q": q, "k": k, "v": v}, out, out, sizes, torch.bfloat16, torch.device("cuda"), forced
+        tensors, out, out, sizes, torch.bfloat16, torch.device("cuda"), forced
     )
     assert (why is None) == takes, why
+
+
+@pytest.mark.parametrize("slopes_grad", [False, True])
+def test_a_side_input_without_a_gradient_leaves_the_sm90a_backward_open(
+    slopes_grad: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ALiBi's slopes: which inputs need a gradient reaches the choice of backward (the
+    sm_90a backward computes no side gradient, so it may take the call only where the slopes
+    need none), and the gradients asked for pass the check against the float64 reference
+    either way (here from the Triton backward)."""
+    seen: list[bool] = []
+    choose = autograd.Backward._hopper
+
+    def recording(self: autograd.Backward, *args: Any) -> Any:
+        seen.append(args[-1])  # side_needs
+        return choose(self, *args)
+
+    monkeypatch.setattr(autograd.Backward, "_hopper", recording)
+    given, params = draw("alibi", 1, 2, 24, 16, torch.bfloat16, "cpu")
+    needs = ["q", "k", "v"] + (["slopes"] if slopes_grad else [])
+    verdicts = gradient_verdicts("alibi", given, params, needs=needs)
+    assert sorted(verdicts) == sorted(needs)
+    assert all(v.ok for v in verdicts.values()), verdicts
+    assert seen == [slopes_grad]
