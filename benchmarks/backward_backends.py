@@ -2,7 +2,7 @@
 
     python3 benchmarks/backward_backends.py SPEC "B,H:KVH,S,D" [SHAPE ...] [--dtype bf16]
                                             [--rounds 3] [--anchors flex,sdpa-flash,sdpa-cudnn]
-                                            [--frozen slopes]
+                                            [--frozen slopes] [--documents 4] [--graphs]
 
 Per shape: attncc's forward (no grad) and its backward through ``torch.autograd.grad`` with
 the CUDA target's sm_90a kernel (``ATTNCC_BACKWARD=cuda``, where the spec and call allow it:
@@ -13,7 +13,8 @@ computes the spec. Times are ``do_bench`` medians (L2 cleared
 before every call), the best of ``--rounds`` rounds in alternating order
 (``attncc.bench.time_rounds``). Ratios: the anchor's time over the sm_90a backward's (above
 1: it is faster); bwd/fwd: that backward over attncc's own forward. Its gradients are
-checked against the Triton backward's first (max |diff| over max |grad|).
+checked against the Triton backward's first (max |diff| over max |grad|). ``--graphs``: also
+forward and backward as one step (sm_90a backward), eager and replayed from a CUDA graph.
 """
 
 from __future__ import annotations
@@ -41,18 +42,50 @@ def timed(step: Callable[[], object]) -> Callable[[], float]:
 
 
 def one_shape(
-    spec: str, shape: str, dtype: torch.dtype, rounds: int, anchors: list[str], frozen: list[str]
+    spec: str,
+    shape: str,
+    dtype: torch.dtype,
+    rounds: int,
+    anchors: list[str],
+    frozen: list[str],
+    documents: int,
+    graphs: bool,
 ) -> None:
     kernel = attncc.compile(spec)
     sizes = sizes_for(kernel.ir, Shape.parse(shape))
-    inputs = bench_inputs(kernel.ir, sizes, dtype, documents=4)
+    inputs = bench_inputs(kernel.ir, sizes, dtype, documents=documents)
     floats = [n for n in kernel.input_names if inputs[n].is_floating_point() and n not in frozen]
     for name in floats:
         inputs[name].requires_grad_(True)
     leaves = [inputs[n] for n in floats]
     args = [inputs[name] for name in kernel.input_names]
+    with torch.no_grad():  # no autograd graph (see below)
+        grad = torch.randn_like(kernel(*args))
+    steps: dict[str, Callable[[], float]] = {}
+    if graphs:
+        # forward and backward as one training step, eager and replayed from a CUDA graph
+        # (the backward's host work gone): what reduce-overhead compiles users pay. Captured
+        # before any eager forward: with an eager call's graph alive on the default stream,
+        # torch's autograd makes the default stream wait on the capture (an error; SDPA's
+        # backward the same)
+        def train_step() -> tuple[torch.Tensor, ...]:
+            os.environ["ATTNCC_BACKWARD"] = "cuda"
+            try:
+                return torch.autograd.grad(kernel(*args), leaves, grad)
+            finally:
+                os.environ.pop("ATTNCC_BACKWARD")
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                train_step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            train_step()
+        steps = {"step": timed(train_step), "step-graph": timed(graph.replay)}
     out = kernel(*args)
-    grad = torch.randn_like(out)
 
     def backward(deterministic: bool) -> tuple[torch.Tensor, ...]:
         # the sm_90a kernel where it can run, or Triton's two passes (deterministic)
@@ -79,6 +112,7 @@ def one_shape(
         "fwd": timed(forward),
         "bwd": timed(lambda: backward(False)),
         "triton": timed(lambda: backward(True)),
+        **steps,
     }
     params = kernel.param_defaults(sizes)
     runners = anchor_runners(kernel.ir, inputs, sizes, params, anchors, 0.5) if anchors else {}
@@ -99,8 +133,10 @@ def one_shape(
     ratios += [
         f"x{label} {ms / bwd:.2f}"
         for label, ms in best.items()
-        if label not in ("fwd", "bwd") and ms
+        if label not in ("fwd", "bwd", "step", "step-graph") and ms
     ]
+    if best.get("step") and best.get("step-graph"):
+        ratios.append(f"step graph/eager {best['step-graph'] / best['step']:.3f}")
     print(f"{spec} {shape} {dtype}: " + ", ".join(cells))
     print("  " + ", ".join(ratios))
 
@@ -112,6 +148,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--anchors", default=",".join(ANCHORS), help="comma separated, or none")
+    parser.add_argument("--documents", type=int, default=4, help="equal documents a sequence")
+    parser.add_argument(
+        "--graphs", action="store_true", help="also forward + backward, eager and CUDA-graphed"
+    )
     parser.add_argument(
         "--frozen", default="", help="float inputs without a gradient (comma separated: slopes)"
     )
@@ -120,7 +160,9 @@ def main(argv: list[str]) -> None:
     for shape in args.shapes:
         anchors = [a for a in args.anchors.split(",") if a in ANCHORS]
         frozen = [n for n in args.frozen.split(",") if n]
-        one_shape(args.spec, shape, dtype, args.rounds, anchors, frozen)
+        one_shape(
+            args.spec, shape, dtype, args.rounds, anchors, frozen, args.documents, args.graphs
+        )
         torch.cuda.empty_cache()
 
 

@@ -612,8 +612,8 @@ class _Context:
         """Whether the sm_90a backward (family_backward.cu.jinja) renders for this spec: score
         modifications with a derivative for the score (the chain rule runs in the kernel;
         gradients of the side inputs they read come from the Triton backward: the runtime
-        takes it for such calls), no tile index (document masks), no sink, no value scale,
-        no FP8, a query axis, and key bounds that read no tensor (cache lengths: the kernel
+        takes it for such calls), no sink, no value scale, no FP8, a query axis, and key
+        bounds that read no tensor (cache lengths: the kernel
         reads every key of its tile, and past such a bound the cache may hold NaN, which dP
         would carry into dS). Other specs' gradients come from the Triton backward
         (attncc.codegen.backward)."""
@@ -623,8 +623,7 @@ class _Context:
             score_chain(k.score_mods)
         except NoDerivative:
             return False
-        plain = k.tile_index is None and k.sink is None
-        plain = plain and not plan.bounds_read_tensors(k.mask_plan)
+        plain = k.sink is None and not plan.bounds_read_tensors(k.mask_plan)
         return plain and k.value_scale is None and not k.fp8 and k.query_axis is not None
 
     def contents(self, family: str, tile_index: bool, split: dict[str, Any] | None) -> list[str]:
@@ -684,6 +683,11 @@ class _Context:
             "delta_fn": f"attncc_{self.name}_bwd_delta" if self.has_backward() else None,
             "dq_fn": f"attncc_{self.name}_bwd_dq" if self.has_backward() else None,
             "backward_chain": self.backward_chain(self.env(False)) if self.has_backward() else None,
+            "row_ranges_fn": (
+                f"attncc_{self.name}_bwd_row_ranges"
+                if self.has_backward() and fused["tile_index"]
+                else None
+            ),
             "rows_fn": None if k.schedule == "split_kv" else f"attncc_{self.name}_rows",
             "fused": fused,
             "tile_index_masks": len(fused["tile_index"]["masks"]) if fused["tile_index"] else 0,
