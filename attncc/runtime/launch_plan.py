@@ -188,3 +188,57 @@ class EmptyPlan:
 
     def __call__(self, tensors: dict[str, Any]) -> Result:
         return empty(*self.allocate())
+
+
+# one launch of a BackwardPlan: the prepared launch, whether the call's input pointers fill
+# its first slots, and the buffers whose pointers fill the rest, by name
+BackwardLaunch = tuple[driver.Launch, bool, tuple[str, ...]]
+
+
+class BackwardPlan:
+    """The sm_90a backward's launches for one call geometry (the CUDA host module's
+    _backward_hopper), prepared with their pointer parameters as slots: each a kernel's 40
+    or so parameters packed once, not on every backward (the packing took a quarter of the
+    backward's host time). Calling it with a call's inputs, output, log-sum-exp and the
+    gradients of both (``dout``, ``dlse``) allocates the buffers (``allocate``: by name),
+    fills the slots and issues the launches in order; it returns the buffers named by
+    ``result``, or None, having launched nothing, where the calling thread's CUDA context is
+    not the plan's."""
+
+    def __init__(
+        self,
+        allocate: Callable[[], dict[str, torch.Tensor]],
+        pointers: Callable[[dict[str, Any], torch.Tensor, torch.Tensor], tuple[int, ...]],
+        launches: Sequence[BackwardLaunch],
+        result: Sequence[str],
+        conversions: Sequence[tuple[str, torch.dtype]] = (),
+        keep: Sequence[Any] = (),
+    ) -> None:
+        self.context = driver.current_context()
+        self.allocate = allocate
+        self.pointers = pointers
+        self.launches = tuple(launches)
+        self.result = tuple(result)
+        self.conversions = tuple(conversions)
+        self.keep = tuple(keep)  # the kernels whose loaded cubin the launches point at
+
+    def __call__(
+        self,
+        tensors: dict[str, Any],
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        dout: torch.Tensor,
+        dlse: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...] | None:
+        if driver.current_context() != self.context:
+            return None
+        tensors = convert(tensors, self.conversions)
+        inputs = self.pointers(tensors, out, lse)
+        buffers = {"dout": dout, "dlse": dlse, **self.allocate()}
+        for launch, with_inputs, names in self.launches:
+            own = [buffers[name].data_ptr() for name in names]
+            if with_inputs:
+                launch(*inputs, *own)
+            else:
+                launch(*own)
+        return tuple(buffers[name] for name in self.result)

@@ -299,3 +299,45 @@ def test_a_cuda_plans_outputs_are_fresh_and_an_unasked_log_sum_exp_is_shared() -
         assert bool(torch.isnan(allocate()[0]).all())
     finally:
         host._POISON = False
+
+
+def test_a_backward_plan_fills_each_calls_pointers_and_fresh_buffers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sm_90a backward's plan: each launch gets the call's input pointers (converted
+    inputs' copies) where it reads the inputs, then its own buffers' pointers in order, dO
+    and the lse's gradient as given and every other buffer fresh on each call; the buffers
+    named as the result come back; another CUDA context launches nothing."""
+    contexts = [11]
+    monkeypatch.setattr(driver, "current_context", lambda: contexts[0])
+
+    def allocate() -> dict[str, torch.Tensor]:
+        return {name: torch.empty(4) for name in ("delta", "grad", "other")}
+
+    def pointers(tensors: dict[str, Any], out: torch.Tensor, lse: torch.Tensor) -> tuple[int, ...]:
+        return (tensors["doc"].data_ptr(), out.data_ptr(), lse.data_ptr())
+
+    first, second = _Recorded(), _Recorded()
+    plan = launch_plan.BackwardPlan(
+        allocate,
+        pointers,
+        [(first, True, ("dout", "dlse", "delta")), (second, False, ("delta", "grad"))],  # type: ignore[list-item]
+        ("grad", "other"),
+        conversions=[("doc", torch.int32)],
+    )
+    doc = torch.zeros(2, 64, dtype=torch.int64)
+    out, lse, dout, dlse = (torch.empty(3) for _ in range(4))
+    done = plan({"doc": doc}, out, lse, dout, dlse)
+    assert done is not None
+    grad, _ = done
+    ((doc_ptr, out_ptr, lse_ptr, dout_ptr, dlse_ptr, delta_ptr),) = first.calls
+    assert doc_ptr != doc.data_ptr()  # the converted copy
+    assert (out_ptr, lse_ptr, dout_ptr, dlse_ptr) == tuple(
+        t.data_ptr() for t in (out, lse, dout, dlse)
+    )
+    assert second.calls == [(delta_ptr, grad.data_ptr())]
+    again = plan({"doc": doc}, out, lse, dout, dlse)
+    assert again is not None and again[0] is not grad  # fresh buffers
+    contexts[0] = 12
+    assert plan({"doc": doc}, out, lse, dout, dlse) is None
+    assert len(first.calls) == 2 and len(second.calls) == 2
