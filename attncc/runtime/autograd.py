@@ -62,6 +62,9 @@ class Backward:
         self.floats = tuple(t.name for t in kernel.tensors if dtype_type(t.dtype) == "float")
         # recorded launches by call geometry, and why a geometry could not be recorded
         self._plans = Plans()
+        # by call geometry (Plans.key): the checked sizes, dtype and device, the params with
+        # their defaults, the host module's verdicts on the sm_90a backward
+        self._checked = Plans()
         self.refusals: dict[tuple[Any, ...], str] = {}
 
     def module(self, interpreted: bool) -> ModuleType:
@@ -102,7 +105,15 @@ class Backward:
         always take Triton's), and for Triton overrides the kernels' tiles (``dq_config``,
         ``dkdv_config``: (block_m, block_n, num_warps, num_stages)), picks the dkdv kernel
         (``dkdv_keys_major``) and the schedule (``dq_atomic``; default: ``one_pass``)."""
-        sizes, dtype, device = host._check(tensors, params)
+        # a call like an earlier one (Plans.key: every input's geometry, dtype, device and
+        # alignment, the params, the stream) skips the checks, as the forward's plans do
+        key = Plans.key(tensors, params, True, False)
+        checked = self._checked.get(key)
+        if checked is None:
+            sizes, dtype, device = host._check(tensors, params)
+            checked = (sizes, dtype, device, host._param_defaults(sizes, dict(params)), {})
+            self._checked.remember(key, checked)
+        sizes, dtype, device, params, verdicts = checked
         backend = os.environ.get("ATTNCC_BACKWARD", "auto")
         config = {"dq_atomic": self.one_pass(), "backend": backend, **(config or {})}
         known = {"dq_config", "dkdv_config", "dkdv_keys_major", "dq_atomic", "backend"}
@@ -115,7 +126,6 @@ class Backward:
                 f"backward backend (ATTNCC_BACKWARD) must be auto, cuda or triton, not {backend!r}"
             )
 
-        params = host._param_defaults(sizes, dict(params))
         on_cpu = device.type == "cpu"
         k = self.ir
         assert k.query_axis is not None
@@ -160,6 +170,7 @@ class Backward:
                     grad_dtypes,
                     forced,
                     side_needs,
+                    verdicts,
                 )
             sides: list[tuple[Any, torch.Tensor]] = []  # (side, its buffer): Triton's alone
             if hopper is None and config["backend"] == "triton":
@@ -226,12 +237,15 @@ class Backward:
         grad_dtypes: tuple[torch.dtype, ...],
         forced: bool,
         side_needs: bool,
+        verdicts: dict[tuple[Any, ...], str | None],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(dq, dk, dv) from the CUDA target's sm_90a backward (its dQ added up in float32
         by bulk reductions in any order: not bit-identical between runs), or None where the
         host module refuses the call (``_backward_refusal``, unless ``forced`` the Triton
         backward where it is as fast) or a side input's gradient is needed (``side_needs``)
-        or the spec has sinks; ``last_backend()`` says which and why."""
+        or the spec has sinks; ``last_backend()`` says which and why. ``verdicts``: the
+        host module's answers for this call geometry so far, by the output's and dO's
+        layout and ``forced``."""
         refusal = getattr(host, "_backward_refusal", None)
         if refusal is None or self.sink_grads:
             _LAST[0] = "triton: the spec's module has no sm_90a backward"
@@ -243,7 +257,11 @@ class Backward:
         dout = dout.to(out.dtype)
         if dout.stride() != out.stride():
             dout = torch.empty_like(out).copy_(dout)
-        why = refusal(tensors, out, dout, sizes, dtype, device, forced)
+        layout = (forced, out.shape, out.stride(), out.data_ptr() % 16, dout.data_ptr() % 16)
+        if layout in verdicts:
+            why = verdicts[layout]
+        else:
+            why = verdicts[layout] = refusal(tensors, out, dout, sizes, dtype, device, forced)
         if why is not None:
             _LAST[0] = f"triton: {why}"
             return None

@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from grad_cases import EXAMPLES, NAMES, draw, gradient_verdicts
 
 import attncc
 from attncc.runtime import autograd
+from attncc.tolerance import compare_grad
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
@@ -103,7 +105,7 @@ def test_a_side_input_without_a_gradient_leaves_the_sm90a_backward_open(
     choose = autograd.Backward._hopper
 
     def recording(self: autograd.Backward, *args: Any) -> Any:
-        seen.append(args[-1])  # side_needs
+        seen.append(args[-2])  # side_needs (the verdicts after it)
         return choose(self, *args)
 
     monkeypatch.setattr(autograd.Backward, "_hopper", recording)
@@ -113,3 +115,60 @@ def test_a_side_input_without_a_gradient_leaves_the_sm90a_backward_open(
     assert sorted(verdicts) == sorted(needs)
     assert all(v.ok for v in verdicts.values()), verdicts
     assert seen == [slopes_grad]
+
+
+def test_a_repeated_backward_checks_once_a_call_geometry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Backward.run checks a call geometry's inputs once (as the forward's plans do): a
+    backward like an earlier one, on new data, skips the host module's checks and still
+    passes the check against the float64 reference; another stride or dtype is checked
+    again."""
+    kernel = attncc.compile(EXAMPLES / "causal.attn", target="triton", schedule="fused")
+    checks: list[int] = []  # the backward's (the forward's own calls check too)
+    in_backward = [False]
+    check = kernel._host._check
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        if in_backward[0]:
+            checks.append(1)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(kernel._host, "_check", counted)
+
+    def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        out = kernel(*leaves)
+        grad = torch.ones_like(out)
+        in_backward[0] = True
+        grads = torch.autograd.grad(out, leaves, grad)
+        in_backward[0] = False
+        # flash-attn's rule: against float64, within 3x the same math's error in the dtype
+        exact, eager = (
+            torch.autograd.grad(
+                F.scaled_dot_product_attention(*inputs, is_causal=True),
+                inputs,
+                grad.to(inputs[0].dtype),
+            )
+            for inputs in (
+                [t.double().requires_grad_(True) for t in (q, k, v)],
+                [t.detach().requires_grad_(True) for t in (q, k, v)],
+            )
+        )
+        for got, want, low in zip(grads, exact, eager, strict=True):
+            verdict = compare_grad(
+                got.double().numpy(), want.numpy(), [low.double().numpy()], str(q.dtype)[6:], 1
+            )
+            assert verdict.ok, verdict
+
+    gen = torch.Generator().manual_seed(3)
+    shape = (1, 2, 24, 16)
+    backward(*(torch.randn(shape, generator=gen) for _ in range(3)))
+    assert len(checks) == 1
+    backward(*(torch.randn(shape, generator=gen) for _ in range(3)))
+    assert len(checks) == 1  # the same geometry: not checked again
+    q = torch.randn((1, 24, 2, 16), generator=gen).transpose(1, 2)  # another stride
+    backward(q, *(torch.randn(shape, generator=gen) for _ in range(2)))
+    assert len(checks) == 2
+    backward(*(torch.randn(shape, generator=gen).bfloat16() for _ in range(3)))
+    assert len(checks) == 3  # another dtype
