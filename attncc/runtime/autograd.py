@@ -1,6 +1,7 @@
-"""The backward of a compiled kernel: runs the generated Triton backward module
-(``attncc.codegen.backward``) and sums its per-batch-program buffers into gradients shaped
-like the inputs.
+"""The backward of a compiled kernel: runs the CUDA target's sm_90a backward (its host
+module's ``_backward_hopper``) where the call allows it, else the generated Triton backward
+module (``attncc.codegen.backward``), and sums the per-batch-program buffers into gradients
+shaped like the inputs.
 
 The buffers are indexed by batch program (every batch axis, query heads included) and by row
 or key; each input's gradient is the sum of its buffer over the elements whose subscripts
