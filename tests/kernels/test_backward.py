@@ -213,7 +213,11 @@ def test_spec_without_backward_names_why() -> None:
         kernel(q, k, v)
 
 
-def test_compile_fullgraph_and_checkpoint_trace_the_backward() -> None:
+@pytest.mark.parametrize("slopes_grad", [True, False])
+def test_compile_fullgraph_and_checkpoint_trace_the_backward(slopes_grad: bool) -> None:
+    """torch.compile(fullgraph=True) and checkpoint give the eager gradients bit for bit,
+    with ALiBi's slopes requiring grad or not (the backward op then returns theirs empty,
+    its fake too)."""
     kernel = compiled("alibi", "fused")
     given = inputs("alibi", torch.float32, m=20, n=20)
     grad_out = torch.randn(given["q"].shape).to(DEVICE)
@@ -228,10 +232,13 @@ def test_compile_fullgraph_and_checkpoint_trace_the_backward() -> None:
         compiled_fn,
         lambda *a: torch.utils.checkpoint.checkpoint(fn, *a, use_reentrant=False),
     ):
-        leaves = [t.clone().requires_grad_() for t in given.values()]
+        leaves = [t.clone().requires_grad_(slopes_grad or n != "slopes") for n, t in given.items()]
         call(*leaves).backward(grad_out)
         for leaf, name in zip(leaves, given, strict=True):
-            torch.testing.assert_close(leaf.grad, eager[name], rtol=0, atol=0)
+            if leaf.requires_grad:
+                torch.testing.assert_close(leaf.grad, eager[name], rtol=0, atol=0)
+            else:
+                assert leaf.grad is None
     torch._dynamo.reset()
 
 
