@@ -33,6 +33,7 @@ sys.path[:0] = [str(ROOT)]
 import attncc  # noqa: E402
 from attncc.bench import Shape, anchor_runners, bench_inputs, sizes_for, time_rounds  # noqa: E402
 from attncc.runtime import autograd  # noqa: E402
+from attncc.runtime.timing import graphed  # noqa: E402
 
 ANCHORS = {"flex": "flex", "sdpa-flash": "fa2", "sdpa-cudnn": "cudnn"}
 
@@ -75,16 +76,7 @@ def one_shape(
             finally:
                 os.environ.pop("ATTNCC_BACKWARD")
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                train_step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            train_step()
-        steps = {"step": timed(train_step), "step-graph": timed(graph.replay)}
+        steps = {"step": timed(train_step), "step-graph": timed(graphed(train_step))}
     out = kernel(*args)
 
     def backward(deterministic: bool) -> tuple[torch.Tensor, ...]:

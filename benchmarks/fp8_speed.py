@@ -40,6 +40,7 @@ from calls import issue_us  # benchmarks/: the script's own folder is on sys.pat
 
 import attncc
 from attncc.fp8 import Fp8Inputs, quantize, quantize_torch
+from attncc.runtime.timing import graphed
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 BLOCK = (128, 128)
@@ -151,20 +152,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def unpacked(x: Fp8Inputs) -> tuple[torch.Tensor, ...]:
     return (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
-
-
-def graphed(fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` captured in a CUDA graph (after warm-up calls on a side stream): its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def pinned(

@@ -27,6 +27,7 @@ from calls import issue_us  # benchmarks/: the script's own folder is on sys.pat
 
 import attncc
 from attncc.bench import Shape, bench_inputs, sizes_for
+from attncc.runtime.timing import graphed
 
 
 def wall_us(fn: Callable[[], Any], calls: int = 300) -> float:
@@ -41,19 +42,12 @@ def wall_us(fn: Callable[[], Any], calls: int = 300) -> float:
 
 
 def graph_us(fn: Callable[[], Any], calls: int = 50) -> float:
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
+    replay = graphed(fn)
+    replay()
     torch.cuda.synchronize()
     began = time.perf_counter()
     for _ in range(calls):
-        graph.replay()
+        replay()
     torch.cuda.synchronize()
     return (time.perf_counter() - began) / calls * 1e6
 

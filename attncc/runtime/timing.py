@@ -39,3 +39,18 @@ def median_ms(fns: list[Callable[[], Any]], graphed: bool) -> float:
         ms = triton.testing.do_bench_cudagraph(rotation, rep=50, return_mode="median")
         return float(ms) / len(fns)
     return float(triton.testing.do_bench(fns[0], return_mode="median"))
+
+
+def graphed(fn: Callable[[], Any], warmups: int = 3) -> Callable[[], None]:
+    """``fn`` captured in a CUDA graph, after ``warmups`` calls on a side stream (first calls
+    compile and record launches outside the capture): its replay."""
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
