@@ -613,10 +613,9 @@ class _Context:
         modifications with a derivative for the score (the chain rule runs in the kernel;
         gradients of the side inputs they read come from the Triton backward: the runtime
         takes it for such calls), no sink, no value scale, no FP8, a query axis, and key
-        bounds that read no tensor (cache lengths: the kernel
-        reads every key of its tile, and past such a bound the cache may hold NaN, which dP
-        would carry into dS). Other specs' gradients come from the Triton backward
-        (attncc.codegen.backward)."""
+        bounds that read no tensor (cache lengths: the kernel reads every key of its tile,
+        and past such a bound the cache may hold NaN, which dP would carry into dS). Other
+        specs' gradients come from the Triton backward (attncc.codegen.backward)."""
         k = self.k
         assert k.mask_plan is not None
         try:
@@ -671,6 +670,7 @@ class _Context:
         _, _, o_col = self.output_offsets()
         split = self.split_mode()
         fused = self.fused_mode()
+        backward = self.has_backward()
         query = k.query_axis
         group = k.group
         return {
@@ -679,14 +679,12 @@ class _Context:
             "entry": templating.entry_name(k.name),
             "doc": host.doc(k),
             "fused_fn": f"attncc_{self.name}_fwd",
-            "backward_fn": f"attncc_{self.name}_bwd" if self.has_backward() else None,
-            "delta_fn": f"attncc_{self.name}_bwd_delta" if self.has_backward() else None,
-            "dq_fn": f"attncc_{self.name}_bwd_dq" if self.has_backward() else None,
-            "backward_chain": self.backward_chain(self.env(False)) if self.has_backward() else None,
+            "backward_fn": f"attncc_{self.name}_bwd" if backward else None,
+            "delta_fn": f"attncc_{self.name}_bwd_delta" if backward else None,
+            "dq_fn": f"attncc_{self.name}_bwd_dq" if backward else None,
+            "backward_chain": self.backward_chain(self.env(False)) if backward else None,
             "row_ranges_fn": (
-                f"attncc_{self.name}_bwd_row_ranges"
-                if self.has_backward() and fused["tile_index"]
-                else None
+                f"attncc_{self.name}_bwd_row_ranges" if backward and fused["tile_index"] else None
             ),
             "rows_fn": None if k.schedule == "split_kv" else f"attncc_{self.name}_rows",
             "fused": fused,
