@@ -48,7 +48,7 @@ def parts(spec: str, shape_text: str, dtype_name: str, target: str) -> dict[str,
     row: dict[str, Callable[[], Any]] = {
         "call": lambda: kernel(*args),
         "bind": lambda: host._bind(tuple(args), {}),
-        "plain_eager": lambda: kernel_module._plain_eager(tensors.values()),
+        "eager": lambda: kernel_module._eager(tensors.values()),
         "launch (no bind)": lambda: kernel._launch(tensors, params, False),
         "key, stream-free": lambda: Plans.key(tensors, params, False, False, stream=False),
         "key with stream": lambda: Plans.key(tensors, params, False, True),

@@ -67,6 +67,9 @@ class Backward:
         # their defaults, the host module's verdicts on the sm_90a backward
         self._checked = Plans()
         self.refusals: dict[tuple[Any, ...], str] = {}
+        # by call geometry, needed gradients and backend: a backward the sm_90a kernel took,
+        # repeated with nothing decided again (_Repeat)
+        self._repeats = Plans()
 
     def module(self, interpreted: bool) -> ModuleType:
         return load_module(self.path, interpreted)
@@ -109,13 +112,23 @@ class Backward:
         # a call like an earlier one (Plans.key: every input's geometry, dtype, device and
         # alignment, the params, the stream) skips the checks, as the forward's plans do
         key = Plans.key(tensors, params, True, False)
+        backend = os.environ.get("ATTNCC_BACKWARD", "auto")
+        repeat_key = None
+        if config is None and key is not None and not torch.are_deterministic_algorithms_enabled():
+            repeat_key = (key, backend, None if needs is None else tuple(needs))
+            recorded = self._repeats.get(repeat_key)
+            repeated: list[torch.Tensor] | None = None
+            if recorded is not None:
+                repeated = recorded(tensors, out, lse, dout, dlse)
+            if repeated is not None:
+                _LAST[0] = "cuda"
+                return repeated
         checked = self._checked.get(key)
         if checked is None:
             sizes, dtype, device = host._check(tensors, params)
             checked = (sizes, dtype, device, host._param_defaults(sizes, dict(params)), {})
             self._checked.remember(key, checked)
         sizes, dtype, device, params, verdicts = checked
-        backend = os.environ.get("ATTNCC_BACKWARD", "auto")
         config = {"dq_atomic": self.one_pass(), "backend": backend, **(config or {})}
         known = {"dq_config", "dkdv_config", "dkdv_keys_major", "dq_atomic", "backend"}
         unknown = set(config) - known
@@ -179,11 +192,11 @@ class Backward:
             elif hopper is None and deterministic:
                 _LAST[0] = "triton: deterministic algorithms asked for"
             if hopper is not None:
-                dq, dk, dv = hopper
+                dq, dk, dv, launch = hopper
             else:
                 # the Triton module (Triton's import and JIT objects) loaded where Triton's
                 # backward runs alone: the sm_90a backward needs none of it
-                dq, dk, dv, buffers = self._buffers(
+                dq, dk, dv, buffers, launch = self._buffers(
                     self.module(on_cpu),
                     tensors,
                     params,
@@ -216,7 +229,7 @@ class Backward:
                 factor = self._per_program(sink.derivative, sizes, params, tensors, device)
                 operand = ir.Operand(sink.load.tensor, sink.load.indices)
                 scatter.add(grads, operand, d_sink * factor, ())
-        return [
+        result = [
             tensors[name].new_empty(0)
             if not need
             else grads[name].to(tensors[name].dtype)
@@ -224,6 +237,14 @@ class Backward:
             else torch.zeros_like(tensors[name])
             for name, need in zip(self.floats, needs, strict=True)
         ]
+        if launch is not None and repeat_key is not None and not self.sink_grads:
+            recipes = [(o.tensor, scatter.recipe(o, inner)) for o, inner in operands]
+            taken = tuple((name, r) for name, r in recipes if r is not None)
+            if len(taken) == len(recipes):
+                frame = (programs_rows, out.shape, out.stride(), out.data_ptr() % 16)
+                kept = _Repeat(launch, frame, taken, self.floats, tuple(needs))
+                self._repeats.remember(repeat_key, kept)
+        return result
 
     def _hopper(
         self,
@@ -239,14 +260,14 @@ class Backward:
         forced: bool,
         side_needs: bool,
         verdicts: dict[tuple[Any, ...], str | None],
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """(dq, dk, dv) from the CUDA target's sm_90a backward (its dQ added up in float32
-        by bulk reductions in any order: not bit-identical between runs), or None where the
-        host module refuses the call (``_backward_refusal``, unless ``forced`` the Triton
-        backward where it is as fast) or a side input's gradient is needed (``side_needs``)
-        or the spec has sinks; ``last_backend()`` says which and why. ``verdicts``: the
-        host module's answers for this call geometry so far, by the output's and dO's
-        layout and ``forced``."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
+        """(dq, dk, dv, its launch plan or None) from the CUDA target's sm_90a backward (its
+        dQ added up in float32 by bulk reductions in any order: not bit-identical between
+        runs), or None where the host module refuses the call (``_backward_refusal``, unless
+        ``forced`` the Triton backward where it is as fast) or a side input's gradient is
+        needed (``side_needs``) or the spec has sinks; ``last_backend()`` says which and
+        why. ``verdicts``: the host module's answers for this call geometry so far, by the
+        output's and dO's layout and ``forced``."""
         refusal = getattr(host, "_backward_refusal", None)
         if refusal is None or self.sink_grads:
             _LAST[0] = "triton: the spec's module has no sm_90a backward"
@@ -269,9 +290,14 @@ class Backward:
         dq_float, dkv_float = grad_dtypes[0] != dtype, grad_dtypes[1:] != (dtype, dtype)
         lse = lse.contiguous()
         args = (tensors, params, out, lse, dout, dlse, sizes, dtype, device, dq_float, dkv_float)
-        dq, dk, dv = host._backward_hopper(*args)
+        plan = host._backward_hopper_plan(*args)
+        with torch.cuda.device(device):
+            done = plan(tensors, out, lse, dout, dlse)
+        if done is None:  # another CUDA context than the plan's: the host's own path
+            plan, done = None, host._backward_hopper(*args)
         _LAST[0] = "cuda"
-        return dq, dk, dv
+        dq, dk, dv = done
+        return dq, dk, dv, plan  # a BackwardPlan: called as _Repeat's launch
 
     def _buffers(
         self,
@@ -286,17 +312,18 @@ class Backward:
         dtype: torch.dtype,
         device: torch.device,
         schedule: tuple[Any, ...],
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """The backward kernels' buffers (dq, dk, dv, side buffers). The launches of the
-        first backward of a call geometry are recorded (attncc.runtime.triton_plan), later
-        ones replayed through attncc's launcher: Backward.run took 325 against 438 us of
-        CPU a call (document mask) and 105 against 197 (causal), 4,16,1024,128 bf16, H200,
-        alternating rounds."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], Any]:
+        """The backward kernels' buffers (dq, dk, dv, side buffers) and, for a spec without
+        side buffers, a repeat of the call (``_Repeat``'s launch: its buffers, or None). The
+        launches of the first backward of a call geometry are recorded
+        (attncc.runtime.triton_plan), later ones replayed through attncc's launcher:
+        Backward.run took 325 against 438 us of CPU a call (document mask) and 105 against
+        197 (causal), 4,16,1024,128 bf16, H200, alternating rounds."""
         args = (tensors, params, out, lse, dout, dlse, sizes, dtype, device, *schedule)
         operands = module._backward_operands(*args)
         if operands is None:
             dq, dk, dv, sides = module._empty_gradients(sizes, device, schedule[3])
-            return dq, dk, dv, sides
+            return dq, dk, dv, sides, None
         key = Plans.key(operands, params, False, False, stream=False)
         if key is not None:  # the schedule, and the kernels' fp32 product (PyTorch's setting)
             key = (*key, *schedule, module._dot_precision(dtype))
@@ -318,7 +345,24 @@ class Backward:
                 else:
                     self.refusals[key] = refusal or ""
         dq, dk, dv, *sides = replayed
-        return dq, dk, dv, list(sides)
+        launch = None
+        if plan is not None and not sides:
+
+            def launch(
+                tensors: dict[str, torch.Tensor],
+                out: torch.Tensor,
+                lse: torch.Tensor,
+                dout: torch.Tensor,
+                dlse: torch.Tensor,
+            ) -> tuple[torch.Tensor, ...] | None:
+                # the call's operands (dO in the output's layout, a tile index's live tiles
+                # from its own data), then the recorded launches
+                args = (tensors, params, out, lse, dout, dlse, sizes, dtype, device, *schedule)
+                with interpreter(device.type == "cpu"):
+                    operands = module._backward_operands(*args)
+                    return None if operands is None else plan(operands)
+
+        return dq, dk, dv, list(sides), launch
 
     def _per_program(
         self,
@@ -410,22 +454,19 @@ class _Scatter:
             return
         frame = [a.index for a in self.k.batch_axes] + list(inner)
         shape = [self.sizes[self.dims[i]] for i in frame]
-        values = buffer.reshape(shape)
-        grouped, names = self._grouped(values, frame, operand)
-        if all(n in frame for n in names) and len(set(names)) == len(names):
-            # each subscript a loop index of its own (q[b, h, m, d], slopes[h]): the gradient
-            # is the buffer summed over the indices the input lacks, in its axis order. The
-            # general scatter below builds an index tensor per subscript and runs a
-            # sort-based index_put_: 47 ms of a 48 ms backward at B=4 H=16 S=4k D=128 (H200)
-            lacking = [axis for axis, i in enumerate(frame) if i not in names]
-            summed = grouped.sum(dim=lacking) if lacking else grouped
-            kept = [i for i in frame if i in names]
-            gradient = summed.permute([kept.index(str(n)) for n in names])
+        recipe = self.recipe(operand, inner)
+        if recipe is not None:
+            # each subscript a loop index of its own (q[b, h, m, d], slopes[h]): the buffer
+            # regrouped, summed and permuted (_Recipe). The general scatter below builds an
+            # index tensor per subscript and runs a sort-based index_put_: 47 ms of a 48 ms
+            # backward at B=4 H=16 S=4k D=128 (H200)
+            gradient = recipe(buffer)
             if operand.tensor in grads:
                 grads[operand.tensor] = grads[operand.tensor] + gradient
             else:
                 grads[operand.tensor] = gradient
             return
+        values = buffer.reshape(shape)
         grid = {}
         for axis, index in enumerate(frame):
             view = [1] * len(frame)
@@ -446,16 +487,35 @@ class _Scatter:
             base = base.to(torch.float32, copy=True)
         grads[operand.tensor] = base.index_put_(tuple(where), values, accumulate=True)
 
-    def _grouped(
-        self, values: torch.Tensor, frame: list[str], operand: ir.Operand
-    ) -> tuple[torch.Tensor, list[str | None]]:
-        """``values`` with each axis an operand reads divided by a size (GQA's k[b, h / G,
-        n, d]) summed over its groups, and the loop index each subscript reads plainly
-        (None where it reads anything else)."""
-        names: list[str | None] = []
+    def recipe(self, operand: ir.Operand, inner: tuple[str, ...]) -> _Recipe | None:
+        """How ``operand``'s buffer ([batch programs, *inner]) becomes its tensor's gradient
+        where each subscript reads a loop index of its own, or one divided by a size (GQA's
+        k[b, h / G, n, d]); None where the general scatter is needed."""
+        frame = [a.index for a in self.k.batch_axes] + list(inner)
+        shape = tuple(self.sizes[self.dims[i]] for i in frame)
+        groups = self._groups(shape, frame, operand)
+        names = [g[0] for g in groups]
+        if any(n is None for n in names) or len(set(names)) != len(names):
+            return None
+        splits = []  # (axis, group) of each grouped axis, in frame order
+        for name, group in groups:
+            if group > 1:
+                splits.append((frame.index(str(name)), group))
+        lacking = tuple(axis for axis, i in enumerate(frame) if i not in names)
+        kept = [i for i in frame if i in names]
+        permutation = tuple(kept.index(str(n)) for n in names)
+        return _Recipe(shape, tuple(sorted(splits)), lacking, permutation)
+
+    def _groups(
+        self, shape: tuple[int, ...], frame: list[str], operand: ir.Operand
+    ) -> list[tuple[str | None, int]]:
+        """For each subscript of ``operand``: the loop index it reads plainly (group 1) or
+        divided by a size that divides the index's extent (GQA's k[b, h / G, n, d]: the
+        group G), or (None, 1) where it reads anything else."""
+        groups: list[tuple[str | None, int]] = []
         for sub in operand.indices:
             if isinstance(sub, ir.Index):
-                names.append(sub.name)
+                groups.append((sub.name, 1))
                 continue
             grouped = (
                 isinstance(sub, ir.BinOp)
@@ -465,17 +525,101 @@ class _Scatter:
                 and not indices_of(sub.right)
             )
             if not grouped:
-                names.append(None)
+                groups.append((None, 1))
                 continue
             assert isinstance(sub, ir.BinOp) and isinstance(sub.left, ir.Index)
-            index = sub.left
             group = int(evaluate(sub.right, {}, self.sizes, self.params, self.tensors))
-            axis = frame.index(index.name)
-            size = values.shape[axis]
+            size = shape[frame.index(sub.left.name)]
             if group <= 0 or size % group:
-                names.append(None)
-                continue
+                groups.append((None, 1))
+            else:
+                groups.append((sub.left.name, group))
+        return groups
+
+
+class _Recipe:
+    """A buffer's way to its input's gradient (``_Scatter.recipe``): viewed as ``shape``
+    ([batch programs, *inner] by loop index), each grouped axis (``splits``: axis, group)
+    summed over its groups, the axes the input lacks summed away, the rest permuted into
+    the input's order. Kept a call geometry, so a repeated backward rebuilds nothing."""
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        splits: tuple[tuple[int, int], ...],
+        lacking: tuple[int, ...],
+        permutation: tuple[int, ...],
+    ) -> None:
+        self.shape, self.splits, self.lacking = shape, splits, lacking
+        self.permutation = permutation
+        self.identity = permutation == tuple(range(len(permutation)))
+
+    def __call__(self, buffer: torch.Tensor) -> torch.Tensor:
+        values = buffer.reshape(self.shape)
+        for axis, group in reversed(self.splits):  # the last first: earlier axes stay put
+            size = values.shape[axis]
             split = (*values.shape[:axis], size // group, group, *values.shape[axis + 1 :])
             values = values.reshape(split).sum(axis + 1)
-            names.append(index.name)
-        return values, names
+        if self.lacking:
+            values = values.sum(dim=self.lacking)
+        return values if self.identity else values.permute(self.permutation)
+
+
+class _Repeat:
+    """A backward for repeated calls of its geometry (Backward.run's key, the needed
+    gradients, the backend asked for): its launches (``launch``: the sm_90a backward's
+    BackwardPlan, or the Triton backward's recorded launches behind its operands; either
+    returns the dq, dk and dv buffers, or None) and each operand's recipe, so a repeat
+    checks the output's and dO's layout, launches and forms the gradients, deciding nothing
+    again (Backward.run took 200-230 us of CPU a call before, at causal 1,16,2048,128 and
+    2,8,512,128 bf16, H200, benchmarks/backward_host.py). Specs with side inputs or sinks
+    take the full path (their gradients sum buffers the recipes do not cover). Returns None,
+    having launched nothing, for a call it does not fit: the full path takes it."""
+
+    def __init__(
+        self,
+        launch: Any,
+        frame: tuple[Any, ...],
+        operands: tuple[tuple[str, _Recipe], ...],
+        floats: tuple[str, ...],
+        needs: tuple[bool, ...],
+    ) -> None:
+        self.launch, self.operands, self.floats, self.needs = launch, operands, floats, needs
+        self.rows, self.out_shape, self.out_stride, self.out_offset = frame
+
+    def __call__(
+        self,
+        tensors: dict[str, torch.Tensor],
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        dout: torch.Tensor,
+        dlse: torch.Tensor,
+    ) -> list[torch.Tensor] | None:
+        stride = out.stride()
+        fits = (
+            out.shape == self.out_shape
+            and stride == self.out_stride
+            and out.data_ptr() % 16 == self.out_offset
+            and dout.dtype == out.dtype
+            and dout.stride() == stride
+            and dout.data_ptr() % 16 == self.out_offset
+            and lse.is_contiguous()
+        )
+        if not fits:
+            return None
+        flat_dlse = dlse.to(torch.float32).reshape(self.rows).contiguous()
+        buffers = self.launch(tensors, out, lse, dout, flat_dlse)
+        if buffers is None:
+            return None
+        grads: dict[str, torch.Tensor] = {}
+        for (name, recipe), buffer in zip(self.operands, buffers, strict=True):
+            gradient = recipe(buffer)
+            grads[name] = grads[name] + gradient if name in grads else gradient
+        return [
+            tensors[name].new_empty(0)
+            if not need
+            else grads[name].to(tensors[name].dtype)
+            if name in grads
+            else torch.zeros_like(tensors[name])
+            for name, need in zip(self.floats, self.needs, strict=True)
+        ]

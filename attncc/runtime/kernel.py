@@ -21,6 +21,7 @@ from attncc.passes.tiling import Tile
 from attncc.runtime import autograd, native, triton_plan
 from attncc.runtime import op as op_registry
 from attncc.runtime.autotune import Tuner
+from attncc.runtime.eager import EagerAttention
 from attncc.runtime.jit import interpreter, load_module, module_path, require_interpreter
 from attncc.runtime.launch_plan import Plans
 from attncc.spec import CheckedSpec, ast
@@ -126,11 +127,17 @@ class Kernel:
                 f"attncc {self.name}: return_lse must be True or False, got {return_lse!r}"
             )
         tensors, params = self._host._bind(args, kwargs)
-        if _plain_eager(tensors.values()):
+        eager = _eager(tensors.values())
+        if eager == "plain":
             # the torch op's dispatch costs ~50 us a call (measured on an H200,
             # benchmarks/host_overhead.py), more than a decode kernel's GPU time; in plain
             # eager mode nothing needs it, and _forward checks the inputs itself
             out, lse = self._launch(tensors, params, return_lse)
+            return (out, self._returned_lse(lse)) if return_lse else out
+        if eager == "grad" and isinstance(self._backward, autograd.Backward):
+            # inputs requiring grad, eagerly: the op's autograd without the op (eager.py)
+            inputs = [tensors[name] for name in self.input_names]
+            out, lse = EagerAttention.apply(self, params, *inputs)  # type: ignore[no-untyped-call]
             return (out, self._returned_lse(lse)) if return_lse else out
         # the generated checks name the spec input; the op's schema would only say "Tensor"
         self._host._check(tensors, params)
@@ -377,20 +384,25 @@ def _param_sites(spec: CheckedSpec) -> dict[str, str]:
     }
 
 
-def _plain_eager(tensors: Iterable[Any]) -> bool:
-    """Whether a call may skip the torch op: not traced (torch.compile, export), no dispatch
-    mode (FakeTensorMode, ...), plain tensors (no subclasses, fake or functional tensors) and
-    nothing for autograd to record (the op's autograd kernel refuses inputs that require
-    grad, with grad mode on, as ``Kernel.__call__`` does on this path: no backward yet)."""
+def _eager(tensors: Iterable[Any]) -> str | None:
+    """How a call may skip the torch op: "plain" where nothing is traced (torch.compile,
+    export), no dispatch mode (FakeTensorMode, ...) or functorch transform is active, the
+    tensors are plain (no subclasses, fake or functional tensors) and autograd has nothing
+    to record; "grad" where only the last fails (an input requires grad, grad mode on:
+    attncc.runtime.eager's Function records it); None: through the op."""
     if _is_compiling() or _current_dispatch_mode() is not None:
-        return False
+        return None
     grad = torch.is_grad_enabled()
+    recorded = False
     # a loop, not all() over a generator: 0.77 against 1.26 us for 3 inputs (this
     # repository's CPU machine)
-    for t in tensors:  # noqa: SIM110
-        if type(t) is not torch.Tensor or (grad and t.requires_grad):
-            return False
-    return True
+    for t in tensors:
+        if type(t) is not torch.Tensor:
+            return None
+        recorded = recorded or (grad and t.requires_grad)
+    if not recorded:
+        return "plain"
+    return None if torch._C._are_functorch_transforms_active() else "grad"
 
 
 _is_compiling = torch.compiler.is_compiling

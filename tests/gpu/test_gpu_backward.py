@@ -220,3 +220,52 @@ def test_the_sm90a_backward_in_a_cuda_graph(
     assert torch.equal(dk, eager[1]) and torch.equal(dv, eager[2])
     step_size = eager[0].abs().max().item() * 2**-7
     assert (dq - eager[0]).abs().max().item() <= step_size
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["causal", "gqa_causal", "document_mask"])
+def test_a_repeated_sm90a_backward_takes_its_recorded_call(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backward like an earlier one (same inputs' geometry, needed gradients, dO layout)
+    replays its recorded call (Backward's repeats): its gradients are the first call's (dK
+    and dV bit for bit, dQ within one bf16 step); a dO of another layout (transposed, or
+    off 16-byte alignment), or fewer inputs requiring grad, never reuses it and still gets
+    the right gradients."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a backward needs an sm_90 GPU")
+    monkeypatch.setenv("ATTNCC_TARGET", "auto")  # the suite's default is triton
+    monkeypatch.setenv("ATTNCC_BACKWARD", "cuda")
+    kernel = attncc.compile(EXAMPLES / f"{name}.attn")
+    given, _ = draw(name, 1, 4, 2048, 128, torch.bfloat16, "cuda")
+    leaves = [given[n].clone().requires_grad_(True) for n in ("q", "k", "v")]
+    extra = [given[n] for n in kernel.input_names if n not in ("q", "k", "v")]
+    out = kernel(*leaves, *extra)
+    grad = torch.randn_like(out)
+    backward = kernel._backward
+    assert isinstance(backward, autograd.Backward)
+
+    def close(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> None:
+        assert autograd.last_backend() == "cuda", autograd.last_backend()
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+        step = want[0].abs().max().item() * 2**-7
+        assert (got[0] - want[0]).abs().max().item() <= step
+
+    first = torch.autograd.grad(out, leaves, grad, retain_graph=True)
+    assert len(backward._repeats) == 1
+    close(torch.autograd.grad(out, leaves, grad, retain_graph=True), first)
+    # dO with the other strides: copied to the output's by the full path
+    transposed = grad.transpose(1, 2).contiguous().transpose(1, 2)
+    close(torch.autograd.grad(out, leaves, transposed, retain_graph=True), first)
+    # dO off 16-byte alignment: the Triton backward
+    shifted = torch.empty(grad.numel() + 1, dtype=grad.dtype, device=grad.device)[1:]
+    shifted = shifted.view_as(grad).copy_(grad)
+    again = torch.autograd.grad(out, leaves, shifted, retain_graph=True)
+    assert autograd.last_backend().startswith("triton"), autograd.last_backend()
+    for got, want in zip(again, first, strict=True):
+        step = want.abs().max().item() * 2**-6
+        assert (got - want).abs().max().item() <= step
+    # only K requiring grad: a call of its own, the other gradients not computed
+    (dk,) = torch.autograd.grad(kernel(given["q"], leaves[1], given["v"], *extra), leaves[1], grad)
+    assert torch.equal(dk, first[1])
+    assert len(backward._repeats) == 2

@@ -172,3 +172,78 @@ def test_a_repeated_backward_checks_once_a_call_geometry(
     assert len(checks) == 2
     backward(*(torch.randn(shape, generator=gen).bfloat16() for _ in range(3)))
     assert len(checks) == 3  # another dtype
+
+
+@pytest.mark.parametrize("name", ["gqa_causal", "causal", "alibi"])
+def test_a_recipe_gives_the_general_scatters_gradient(name: str) -> None:
+    """The recipe a repeated backward keeps for each operand (a view, the query heads of a
+    kv head summed, the axes an input lacks summed, a permutation) gives the gradient the
+    general scatter (an index_put_ at the elements each subscript reads) gives."""
+    kernel = attncc.compile(EXAMPLES / f"{name}.attn", target="triton", schedule="fused")
+    given, params = draw(name, 2, 4, 24, 16, torch.float32, "cpu")
+    sizes, _, _ = kernel._host._check(given, params)
+    k = kernel.ir
+    floats = tuple(n for n in kernel.input_names if given[n].is_floating_point())
+    reads = [k.query.tensor, k.key.tensor, k.value.tensor]
+    scatter = autograd._Scatter(k, sizes, params, given, floats, reads)
+    keys, head = k.key_axis.index, k.head_axis.index
+    inner = (keys, head)
+    recipe = scatter.recipe(k.key, inner)
+    assert recipe is not None
+    programs = 1
+    for axis in k.batch_axes:
+        programs *= sizes[axis.dim]
+    buffer = torch.randn(programs, sizes[k.key_axis.dim], sizes[k.head_axis.dim])
+    # the general path: what add() does where no recipe applies
+    general: dict[str, torch.Tensor] = {}
+    monkeypatch = pytest.MonkeyPatch()
+    with monkeypatch.context() as patch:
+        patch.setattr(autograd._Scatter, "recipe", lambda *_: None)
+        scatter.add(general, k.key, buffer, inner)
+    torch.testing.assert_close(recipe(buffer), general[k.key.tensor], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["causal", "gqa_causal", "document_mask"])
+def test_a_repeated_backward_replays_its_call(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backward like an earlier one replays its recorded call (Backward's repeats) and
+    gives what the full path gives, bit for bit (the Triton backward adds in a fixed
+    order): on new data, with new document ids (the live tiles come from the call's own
+    data, never the recorded call's), and with a dO of other strides (the full path)."""
+    kernel = attncc.compile(EXAMPLES / f"{name}.attn", target="triton", schedule="fused")
+    backward = kernel._backward
+    assert isinstance(backward, autograd.Backward)
+    first, params = draw(name, 1, 4, 40, 16, torch.float32, "cpu")
+
+    def gradients(given: dict[str, torch.Tensor], dout: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        leaves = [given[n].clone().requires_grad_(True) for n in ("q", "k", "v")]
+        extra = {n: t for n, t in given.items() if n not in ("q", "k", "v")}
+        out = kernel(*leaves, **extra, **params)
+        return torch.autograd.grad(out, leaves, dout)
+
+    def full_path(given: dict[str, torch.Tensor], dout: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with monkeypatch.context() as patch:
+            patch.setattr(autograd._Repeat, "__call__", lambda *_: None)
+            return gradients(given, dout)
+
+    gen = torch.Generator().manual_seed(5)
+    dout = torch.randn(first["q"].shape, generator=gen)
+    gradients(first, dout)
+    assert len(backward._repeats) == 1
+    second = {n: torch.randn(t.shape, generator=gen) for n, t in first.items() if n != "doc"}
+    if name == "document_mask":  # other documents: other live tiles
+        second["doc"] = torch.randint(0, 7, first["doc"].shape, generator=gen, dtype=torch.int32)
+        second["doc"] = second["doc"].sort(dim=-1).values
+    replayed: list[bool] = []
+    replay = autograd._Repeat.__call__
+
+    def counted(self: autograd._Repeat, *args: Any) -> Any:
+        result = replay(self, *args)
+        replayed.append(result is not None)
+        return result
+
+    monkeypatch.setattr(autograd._Repeat, "__call__", counted)
+    for dout_now in (dout, dout.transpose(1, 2).contiguous().transpose(1, 2)):
+        repeated = gradients(second, dout_now)
+        for got, want in zip(repeated, full_path(second, dout_now), strict=True):
+            assert torch.equal(got, want)
+    assert replayed == [True, False]  # the transposed dO: the full path

@@ -155,7 +155,7 @@ def test_plain_eager_calls_skip_the_op_and_give_its_result(monkeypatch: pytest.M
         kernel(args[0].to(torch.int32), *args[1:])  # the direct path checks like the op
 
 
-def test_traced_fake_and_autograd_calls_go_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_traced_and_fake_calls_go_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     kernel = compiled("causal", "fused")
@@ -165,9 +165,47 @@ def test_traced_fake_and_autograd_calls_go_through_the_op(monkeypatch: pytest.Mo
         fake = [mode.from_tensor(t) for t in qkv()]
         out = kernel(*fake)
     assert spy.calls == 1 and out.shape == (1, 2, 20, 16)
+
+
+def test_eager_autograd_calls_skip_the_op_and_give_its_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the op's dispatch and torch.library's autograd wrapper cost a forward requiring grad
+    # 4x FA2's CPU time: eager calls take attncc.runtime.eager's Function instead
+    kernel = compiled("causal", "fused")
+    base = qkv()
+    through_op = [t.clone().requires_grad_() for t in base]
+    out_op, lse_op = kernel._op(*through_op, 0.3, return_lse=True)
+    (out_op.sin().sum() + lse_op.cos().sum()).backward()
+    spy = OpSpy(kernel._op)
+    monkeypatch.setattr(kernel, "_op", spy)
+    eager = [t.clone().requires_grad_() for t in base]
+    out, lse = kernel(*eager, scale=0.3, return_lse=True)
+    (out.sin().sum() + lse.cos().sum()).backward()
+    assert spy.calls == 0
+    torch.testing.assert_close(out, out_op, rtol=0, atol=0)
+    for mine, theirs in zip(eager, through_op, strict=True):
+        assert mine.grad is not None
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=0, atol=0)
+    # only the inputs requiring grad get one
+    q, k, v = (t.clone() for t in base)
+    kernel(q, k.requires_grad_(), v).sum().backward()
+    assert q.grad is None and v.grad is None and k.grad is not None
+    with pytest.raises(TypeError, match="input 'q' must be float16, bfloat16 or float32"):
+        kernel(base[0].to(torch.int32), *eager[1:])  # the eager path checks like the op
+
+
+def test_functorch_grad_goes_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    # functorch's wrapped tensors have no storage to launch on: such calls take the op,
+    # whose torch.library autograd torch.func cannot run yet (torch 2.13 asks for a
+    # setup_context it does not define), so they fail with torch's own error
+    kernel = compiled("causal", "fused")
+    spy = OpSpy(kernel._op)
+    monkeypatch.setattr(kernel, "_op", spy)
     q, k, v = qkv()
-    kernel(q.requires_grad_(), k, v).sum().backward()  # the fused kernel has a backward
-    assert spy.calls == 2 and q.grad is not None
+    with pytest.raises(RuntimeError, match="functorch transforms"):
+        torch.func.grad(lambda q: kernel(q, k, v).sum())(q)
+    assert spy.calls == 1
 
 
 # ------------------------------------------------------------------- autograd: no backward
