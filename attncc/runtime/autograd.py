@@ -121,7 +121,7 @@ class Backward:
             if recorded is not None:
                 repeated = recorded(tensors, out, lse, dout, dlse)
             if repeated is not None:
-                _LAST[0] = "cuda"
+                _LAST[0] = recorded.backend
                 return repeated
         checked = self._checked.get(key)
         if checked is None:
@@ -242,7 +242,7 @@ class Backward:
             taken = tuple((name, r) for name, r in recipes if r is not None)
             if len(taken) == len(recipes):
                 frame = (programs_rows, out.shape, out.stride(), out.data_ptr() % 16)
-                kept = _Repeat(launch, frame, taken, self.floats, tuple(needs))
+                kept = _Repeat(launch, frame, taken, self.floats, tuple(needs), _LAST[0])
                 self._repeats.remember(repeat_key, kept)
         return result
 
@@ -583,8 +583,10 @@ class _Repeat:
         operands: tuple[tuple[str, _Recipe], ...],
         floats: tuple[str, ...],
         needs: tuple[bool, ...],
+        backend: str,
     ) -> None:
         self.launch, self.operands, self.floats, self.needs = launch, operands, floats, needs
+        self.backend = backend  # what last_backend() said of the recorded call
         self.rows, self.out_shape, self.out_stride, self.out_offset = frame
 
     def __call__(

@@ -229,6 +229,7 @@ def test_a_repeated_backward_replays_its_call(name: str, monkeypatch: pytest.Mon
     dout = torch.randn(first["q"].shape, generator=gen)
     gradients(first, dout)
     assert len(backward._repeats) == 1
+    said = autograd.last_backend()  # a repeat says what its recorded call said
     second = {n: torch.randn(t.shape, generator=gen) for n, t in first.items() if n != "doc"}
     if name == "document_mask":  # other documents: other live tiles
         second["doc"] = torch.randint(0, 7, first["doc"].shape, generator=gen, dtype=torch.int32)
@@ -244,6 +245,7 @@ def test_a_repeated_backward_replays_its_call(name: str, monkeypatch: pytest.Mon
     monkeypatch.setattr(autograd._Repeat, "__call__", counted)
     for dout_now in (dout, dout.transpose(1, 2).contiguous().transpose(1, 2)):
         repeated = gradients(second, dout_now)
+        assert autograd.last_backend() == said
         for got, want in zip(repeated, full_path(second, dout_now), strict=True):
             assert torch.equal(got, want)
     assert replayed == [True, False]  # the transposed dO: the full path
