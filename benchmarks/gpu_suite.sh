@@ -56,20 +56,21 @@ if has startup; then
 fi
 
 if has firstcall; then
-    # The issue's first-call and host-overhead targets, per case "SPEC SHAPE DTYPE TARGET":
-    # cold (empty attncc and Triton caches; no tuning: the heuristic table), warm (a new
-    # process on those caches), then the CPU time of a repeated call (200 unsynchronised
-    # calls). Targets: cold <= 3 s, warm <= 0.2 s, <= 15 us a call.
+    # The issue's first-call and host-overhead targets, per case "SPEC SHAPE DTYPE TARGET
+    # [backward]": cold (empty attncc and Triton caches; no tuning: the heuristic table),
+    # warm (a new process on those caches), then the CPU time of a repeated call (200
+    # unsynchronised calls). Targets: cold <= 3 s, warm <= 0.2 s, <= 15 us a call.
+    # "backward": the inputs require grad and the first backward is timed too.
     unset PYTHONDONTWRITEBYTECODE ATTNCC_AUTOTUNE
     export PYTHONPYCACHEPREFIX=/tmp/startup_pycache
     IFS=';' read -ra fc_cases <<< "${FIRSTCALL_CASES:-causal 2,8,1024,128 fp16 triton;causal 2,8,64,64 fp32 triton;alibi 2,8,256,64 fp16 triton;decode 8,32:8,8192,128 bf16 triton;decode 1,32:8,8192,128 bf16 triton;paged_decode 1,32:8,8192,128 bf16 triton;causal 1,16,64,128 fp16 cuda}"
     for fc_case in "${fc_cases[@]}"; do
-        read -r fc_spec fc_shape fc_dtype fc_target <<< "$fc_case"
+        read -r fc_spec fc_shape fc_dtype fc_target fc_backward <<< "$fc_case"
         export ATTNCC_CACHE_DIR=/tmp/firstcall_cache/attncc TRITON_CACHE_DIR=/tmp/firstcall_cache/triton
         rm -rf /tmp/firstcall_cache
         for fc_run in cold warm; do
             TARGET=$fc_target timeout 300 python3 benchmarks/startup.py "examples/$fc_spec.attn" \
-                "$fc_run" "shape=$fc_shape" "dtype=$fc_dtype" 2>&1 | grep -vE "Warning|warn"
+                "$fc_run" "shape=$fc_shape" "dtype=$fc_dtype" $fc_backward 2>&1 | grep -vE "Warning|warn"
         done
         TARGET=$fc_target DTYPE=$fc_dtype ISSUE_ONLY=1 timeout 300 python3 benchmarks/host_overhead.py \
             "examples/$fc_spec.attn" "$fc_shape" 2>&1 | grep -vE "Warning|warn"

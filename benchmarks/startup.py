@@ -84,7 +84,8 @@ if profile is not None:
     import pstats
 
     profile.disable()
-    pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
+    pstats.Stats(profile).sort_stats("cumulative").print_stats(45)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 sources = ", ".join(f"{k} {v}" for k, v in kernel.tuner.sources.items() if v) or "module defaults"
 print(
     f"{label} ({kernel.target}, {shape}, {options.get('dtype', 'bf16')}): "
