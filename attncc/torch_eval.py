@@ -76,21 +76,41 @@ def evaluate(
 ) -> Any:
     """``expr`` with torch ops; int operands of float functions become ``float_dtype``
     (float32, as in the kernels; float64 for the gradient reference)."""
+    return _Evaluation(indices, sizes, params, tensors, score, float_dtype).ev(expr)
 
-    def ev(e: ir.Expr) -> Any:
+
+class _Evaluation:
+    """One ``evaluate`` call's bindings. A method recursing through ``self``, not a nested
+    function calling itself: that closure referenced its own cell, a reference cycle that
+    held the tensors (a training step's inputs) until Python's garbage collector ran."""
+
+    def __init__(
+        self,
+        indices: Mapping[str, Any],
+        sizes: Mapping[str, int],
+        params: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        score: Any,
+        float_dtype: torch.dtype,
+    ) -> None:
+        self.indices, self.sizes, self.params, self.tensors = indices, sizes, params, tensors
+        self.score, self.float_dtype = score, float_dtype
+
+    def ev(self, e: ir.Expr) -> Any:
+        ev = self.ev
         match e:
             case ir.Const(value=value):
                 return value
             case ir.Index(name=name):
-                return indices[name]
+                return self.indices[name]
             case ir.Dim(name=name):
-                return sizes[name]
+                return self.sizes[name]
             case ir.Param(name=name):
-                return params[name]
+                return self.params[name]
             case ir.Score():
-                return score
+                return self.score
             case ir.Load(tensor=name, indices=subs):
-                return tensors[name][tuple(ev(s) for s in subs)]
+                return self.tensors[name][tuple(ev(s) for s in subs)]
             case ir.Unary(op="neg", operand=x):
                 return -ev(x)
             case ir.Unary(op="not", operand=x):
@@ -102,10 +122,8 @@ def evaluate(
             case ir.Call(func=func, args=args):
                 values = [_tensor(ev(a)) if func != "where" else ev(a) for a in args]
                 values = [
-                    _tensor(v).to(float_dtype) if widen else v
+                    _tensor(v).to(self.float_dtype) if widen else v
                     for v, widen in zip(values, widened(func, [a.type for a in args]), strict=True)
                 ]
                 return _FUNCS[func](*values)
         raise AssertionError(e)
-
-    return ev(expr)

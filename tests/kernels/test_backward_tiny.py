@@ -3,6 +3,8 @@ sizes in the Triton interpreter, for every example it covers."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -249,3 +251,28 @@ def test_a_repeated_backward_replays_its_call(name: str, monkeypatch: pytest.Mon
         for got, want in zip(repeated, full_path(second, dout_now), strict=True):
             assert torch.equal(got, want)
     assert replayed == [True, False]  # the transposed dO: the full path
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_training_step_frees_its_inputs_without_the_garbage_collector(name: str) -> None:
+    """Once a step's tensors go out of scope, reference counting frees them: nothing a
+    forward or backward builds holds them in a reference cycle, which only Python's
+    collector would break, at a time of its choosing (GPU memory meanwhile held). GQA's
+    group size, read by evaluating its subscript, once left every first backward's inputs in
+    such a cycle (a recursive closure over the inputs)."""
+    kernel = attncc.compile(EXAMPLES / f"{name}.attn", target="triton", schedule="fused")
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(2):  # the first backward of a geometry, then a repeated one
+            given, params = draw(name, 1, 4, 24, 16, torch.float32, "cpu")
+            for n in ("q", "k", "v"):
+                given[n].requires_grad_(True)
+            out, lse = kernel(**given, **params, return_lse=True)
+            (out.sum() + lse.sum()).backward()
+            freed = [weakref.ref(t) for t in (*given.values(), out, lse)]
+            del given, out, lse
+            assert all(ref() is None for ref in freed)
+    finally:
+        if enabled:
+            gc.enable()
