@@ -7,6 +7,8 @@ sizes on the CPU; the float64 reference there notes its memory at S=2048 (a few 
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -270,3 +272,38 @@ def test_a_repeated_backward_takes_its_recorded_call(
     (dk,) = torch.autograd.grad(kernel(given["q"], leaves[1], given["v"], *extra), leaves[1], grad)
     assert torch.equal(dk, first[1])
     assert len(backward._repeats) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_a_training_step_on_the_gpu_frees_its_inputs(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first step of a geometry builds the backward's launch plans, which outlive it;
+    they hold no tensor of that step (the sm_90a plan once held its lse, whose grad_fn
+    reaches the inputs' gradient accumulators, so it kept the step's inputs alive), and
+    nothing is left in a reference cycle: with the garbage collector off, the inputs, the
+    output and the log-sum-exp are freed once out of scope (tests/kernels/
+    test_backward_tiny.py checks the same of every example on the CPU)."""
+    if backend == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a backward needs an sm_90 GPU")
+    monkeypatch.setenv("ATTNCC_TARGET", "auto")  # the suite's default is triton
+    monkeypatch.setenv("ATTNCC_BACKWARD", backend)
+    kernel = attncc.compile(EXAMPLES / "causal.attn")
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(2):  # a geometry of this test's own: its first step, then a repeat
+            leaves = [
+                torch.randn(1, 8, 2240, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
+                for _ in range(3)
+            ]
+            out, lse = kernel(*leaves, return_lse=True)
+            (out.float().sum() + lse.sum()).backward()
+            assert autograd.last_backend().startswith(backend), autograd.last_backend()
+            freed = [weakref.ref(t) for t in (*leaves, out, lse)]
+            del leaves, out, lse
+            assert all(ref() is None for ref in freed)
+    finally:
+        if enabled:
+            gc.enable()
