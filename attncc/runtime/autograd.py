@@ -1,14 +1,8 @@
 """The backward of a compiled kernel: runs the CUDA target's sm_90a backward (its host
 module's ``_backward_hopper``) where the call allows it, else the generated Triton backward
-module (``attncc.codegen.backward``), and sums the per-batch-program buffers into gradients
-shaped like the inputs.
-
-The buffers are indexed by batch program (every batch axis, query heads included) and by row
-or key; each input's gradient is the sum of its buffer over the elements whose subscripts
-(the operand's index expressions, evaluated with ``attncc.torch_eval``) read the same input
-element: kv heads sum their query heads (GQA), an input that a batch axis does not subscript
-sums over it. ``index_put_`` with accumulation does this deterministically (sorted on CUDA,
-sequential on the CPU).
+module (``attncc.codegen.backward``), and forms the inputs' gradients from their buffers
+(``attncc.runtime.gradients``). A backward like an earlier one replays what that one decided
+(``_Repeat``).
 """
 
 from __future__ import annotations
@@ -23,8 +17,8 @@ import torch
 
 from attncc.codegen import backward as codegen
 from attncc.ir import nodes as ir
-from attncc.ir.verify import indices_of
 from attncc.runtime import triton_plan
+from attncc.runtime.gradients import Recipe, Scatter
 from attncc.runtime.jit import interpreter, load_module, module_path
 from attncc.runtime.launch_plan import Plans
 from attncc.spec import ast
@@ -147,7 +141,7 @@ class Backward:
         head, value = k.head_axis.index, k.value_axis.index
         reads = [k.query.tensor, k.key.tensor, k.value.tensor]
         reads += [s.load.tensor for s in self.sides] + [s.load.tensor for s in self.sink_grads]
-        scatter = _Scatter(k, sizes, params, tensors, self.floats, reads)
+        scatter = Scatter(k, sizes, params, tensors, self.floats, reads)
         operands = ((k.query, (rows, head)), (k.key, (keys, head)), (k.value, (keys, value)))
         # a buffer that is its input's whole gradient, untouched but for a permutation, is
         # written in the input's dtype by the kernels (no float32 copy and conversion)
@@ -415,156 +409,6 @@ class Backward:
         return -(p_sink * delta).sum(-1)
 
 
-class _Scatter:
-    def __init__(
-        self,
-        kernel: ir.AttentionKernel,
-        sizes: Mapping[str, int],
-        params: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        floats: tuple[str, ...],
-        reads: list[str],
-    ) -> None:
-        self.k, self.sizes, self.params, self.tensors = kernel, sizes, params, tensors
-        self.floats = floats
-        self.dims = {a.index: a.dim for a in kernel.axes}
-        # how many operands (q, k, v, side inputs, sinks) each input's gradient sums
-        self.contributions = {name: reads.count(name) for name in floats}
-
-    def whole(self, operand: ir.Operand, inner: tuple[str, ...]) -> bool:
-        """Whether ``operand``'s buffer ([batch programs, *inner]) is its tensor's whole
-        gradient as it stands, a permutation away: the only read of the tensor, each
-        subscript a loop index of its own, none summed over or grouped."""
-        if self.contributions.get(operand.tensor) != 1:
-            return False
-        frame = [a.index for a in self.k.batch_axes] + list(inner)
-        names = [sub.name if isinstance(sub, ir.Index) else None for sub in operand.indices]
-        return len(names) == len(frame) and set(names) == set(frame)
-
-    def add(
-        self,
-        grads: dict[str, torch.Tensor],
-        operand: ir.Operand,
-        buffer: torch.Tensor,
-        inner: tuple[str, ...],
-    ) -> None:
-        """Add ``buffer`` ([batch programs, *inner]) into the gradient of ``operand``'s tensor,
-        at the elements its subscripts read."""
-        if operand.tensor not in self.floats:
-            return
-        frame = [a.index for a in self.k.batch_axes] + list(inner)
-        shape = [self.sizes[self.dims[i]] for i in frame]
-        recipe = self.recipe(operand, inner)
-        if recipe is not None:
-            # each subscript a loop index of its own (q[b, h, m, d], slopes[h]): the buffer
-            # regrouped, summed and permuted (_Recipe). The general scatter below builds an
-            # index tensor per subscript and runs a sort-based index_put_: 47 ms of a 48 ms
-            # backward at B=4 H=16 S=4k D=128 (H200)
-            gradient = recipe(buffer)
-            if operand.tensor in grads:
-                grads[operand.tensor] = grads[operand.tensor] + gradient
-            else:
-                grads[operand.tensor] = gradient
-            return
-        values = buffer.reshape(shape)
-        grid = {}
-        for axis, index in enumerate(frame):
-            view = [1] * len(frame)
-            view[axis] = shape[axis]
-            grid[index] = torch.arange(shape[axis], device=buffer.device).reshape(view)
-        where = [
-            torch.as_tensor(
-                evaluate(sub, grid, self.sizes, self.params, self.tensors), device=buffer.device
-            )
-            for sub in operand.indices
-        ]
-        where = list(torch.broadcast_tensors(*where, values))[:-1]  # type: ignore[no-untyped-call]
-        target = self.tensors[operand.tensor]
-        base = grads.get(operand.tensor)
-        if base is None:
-            base = torch.zeros(target.shape, dtype=torch.float32, device=buffer.device)
-        else:  # a copy: the sum so far may be a view of a kernel's buffer
-            base = base.to(torch.float32, copy=True)
-        grads[operand.tensor] = base.index_put_(tuple(where), values, accumulate=True)
-
-    def recipe(self, operand: ir.Operand, inner: tuple[str, ...]) -> _Recipe | None:
-        """How ``operand``'s buffer ([batch programs, *inner]) becomes its tensor's gradient
-        where each subscript reads a loop index of its own, or one divided by a size (GQA's
-        k[b, h / G, n, d]); None where the general scatter is needed."""
-        frame = [a.index for a in self.k.batch_axes] + list(inner)
-        shape = tuple(self.sizes[self.dims[i]] for i in frame)
-        groups = self._groups(shape, frame, operand)
-        names = [g[0] for g in groups]
-        if any(n is None for n in names) or len(set(names)) != len(names):
-            return None
-        splits = []  # (axis, group) of each grouped axis, in frame order
-        for name, group in groups:
-            if group > 1:
-                splits.append((frame.index(str(name)), group))
-        lacking = tuple(axis for axis, i in enumerate(frame) if i not in names)
-        kept = [i for i in frame if i in names]
-        permutation = tuple(kept.index(str(n)) for n in names)
-        return _Recipe(shape, tuple(sorted(splits)), lacking, permutation)
-
-    def _groups(
-        self, shape: tuple[int, ...], frame: list[str], operand: ir.Operand
-    ) -> list[tuple[str | None, int]]:
-        """For each subscript of ``operand``: the loop index it reads plainly (group 1) or
-        divided by a size that divides the index's extent (GQA's k[b, h / G, n, d]: the
-        group G), or (None, 1) where it reads anything else."""
-        groups: list[tuple[str | None, int]] = []
-        for sub in operand.indices:
-            if isinstance(sub, ir.Index):
-                groups.append((sub.name, 1))
-                continue
-            grouped = (
-                isinstance(sub, ir.BinOp)
-                and sub.op == "/"
-                and isinstance(sub.left, ir.Index)
-                and sub.left.name in frame
-                and not indices_of(sub.right)
-            )
-            if not grouped:
-                groups.append((None, 1))
-                continue
-            assert isinstance(sub, ir.BinOp) and isinstance(sub.left, ir.Index)
-            group = int(evaluate(sub.right, {}, self.sizes, self.params, self.tensors))
-            size = shape[frame.index(sub.left.name)]
-            if group <= 0 or size % group:
-                groups.append((None, 1))
-            else:
-                groups.append((sub.left.name, group))
-        return groups
-
-
-class _Recipe:
-    """A buffer's way to its input's gradient (``_Scatter.recipe``): viewed as ``shape``
-    ([batch programs, *inner] by loop index), each grouped axis (``splits``: axis, group)
-    summed over its groups, the axes the input lacks summed away, the rest permuted into
-    the input's order. Kept a call geometry, so a repeated backward rebuilds nothing."""
-
-    def __init__(
-        self,
-        shape: tuple[int, ...],
-        splits: tuple[tuple[int, int], ...],
-        lacking: tuple[int, ...],
-        permutation: tuple[int, ...],
-    ) -> None:
-        self.shape, self.splits, self.lacking = shape, splits, lacking
-        self.permutation = permutation
-        self.identity = permutation == tuple(range(len(permutation)))
-
-    def __call__(self, buffer: torch.Tensor) -> torch.Tensor:
-        values = buffer.reshape(self.shape)
-        for axis, group in reversed(self.splits):  # the last first: earlier axes stay put
-            size = values.shape[axis]
-            split = (*values.shape[:axis], size // group, group, *values.shape[axis + 1 :])
-            values = values.reshape(split).sum(axis + 1)
-        if self.lacking:
-            values = values.sum(dim=self.lacking)
-        return values if self.identity else values.permute(self.permutation)
-
-
 class _Repeat:
     """A backward for repeated calls of its geometry (Backward.run's key, the needed
     gradients, the backend asked for): its launches (``launch``: the sm_90a backward's
@@ -580,7 +424,7 @@ class _Repeat:
         self,
         launch: Any,
         frame: tuple[Any, ...],
-        operands: tuple[tuple[str, _Recipe], ...],
+        operands: tuple[tuple[str, Recipe], ...],
         floats: tuple[str, ...],
         needs: tuple[bool, ...],
         backend: str,

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from grad_cases import EXAMPLES, NAMES, draw, gradient_verdicts
 
 import attncc
-from attncc.runtime import autograd
+from attncc.runtime import autograd, gradients
 from attncc.tolerance import compare_grad
 
 pytestmark = pytest.mark.filterwarnings(
@@ -187,7 +187,7 @@ def test_a_recipe_gives_the_general_scatters_gradient(name: str) -> None:
     k = kernel.ir
     floats = tuple(n for n in kernel.input_names if given[n].is_floating_point())
     reads = [k.query.tensor, k.key.tensor, k.value.tensor]
-    scatter = autograd._Scatter(k, sizes, params, given, floats, reads)
+    scatter = gradients.Scatter(k, sizes, params, given, floats, reads)
     keys, head = k.key_axis.index, k.head_axis.index
     inner = (keys, head)
     recipe = scatter.recipe(k.key, inner)
@@ -200,7 +200,7 @@ def test_a_recipe_gives_the_general_scatters_gradient(name: str) -> None:
     general: dict[str, torch.Tensor] = {}
     monkeypatch = pytest.MonkeyPatch()
     with monkeypatch.context() as patch:
-        patch.setattr(autograd._Scatter, "recipe", lambda *_: None)
+        patch.setattr(gradients.Scatter, "recipe", lambda *_: None)
         scatter.add(general, k.key, buffer, inner)
     torch.testing.assert_close(recipe(buffer), general[k.key.tensor], rtol=1e-6, atol=1e-6)
 
