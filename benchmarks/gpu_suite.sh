@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -179,6 +179,17 @@ if has bwdcuda; then
         timeout 200 python3 benchmarks/backward_backends.py "examples/$1.attn" "$2" --rounds 2 \
             2>&1 | grep -vE "Warning|warn"
     done | tee "$OUT/backward_backends_$gpu.txt"
+fi
+
+if has bwdhost; then
+    # what a training step costs the host at small shapes (benchmarks/backward_host.py): CPU
+    # to issue a backward, a forward requiring grad and both, attncc's two backends beside
+    # FA2's, each process pinned to one core (the GPU machines' host times move 1.5-2x
+    # between runs otherwise), three processes in turn; the best of each is the number
+    for _ in 1 2 3; do
+        taskset -c 3 python3 benchmarks/backward_host.py examples/causal.attn 1,16,2048,128 \
+            2,8,512,128 --anchors sdpa-flash --no-profile 2>&1 | grep -vE "Warning|warn|run_backward"
+    done | tee "$OUT/backward_host_$gpu.txt"
 fi
 
 if has backward; then
