@@ -61,8 +61,8 @@ class Backward:
         # their defaults, the host module's verdicts on the sm_90a backward
         self._checked = Plans()
         self.refusals: dict[tuple[Any, ...], str] = {}
-        # by call geometry, needed gradients and backend: a backward the sm_90a kernel took,
-        # repeated with nothing decided again (_Repeat)
+        # by call geometry, needed gradients and backend: a backward to repeat with nothing
+        # decided again (_Repeat)
         self._repeats = Plans()
 
     def module(self, interpreted: bool) -> ModuleType:
@@ -102,7 +102,9 @@ class Backward:
         "cuda": the sm_90a kernel wherever it can run; "triton"; deterministic algorithms
         always take Triton's), and for Triton overrides the kernels' tiles (``dq_config``,
         ``dkdv_config``: (block_m, block_n, num_warps, num_stages)), picks the dkdv kernel
-        (``dkdv_keys_major``) and the schedule (``dq_atomic``; default: ``one_pass``)."""
+        (``dkdv_keys_major``) and the schedule (``dq_atomic``; default: ``one_pass``).
+        Without ``config`` or deterministic algorithms, a call like a recorded one replays
+        it (``_Repeat``)."""
         # a call like an earlier one (Plans.key: every input's geometry, dtype, device and
         # alignment, the params, the stream) skips the checks, as the forward's plans do
         key = Plans.key(tensors, params, True, False)
@@ -235,7 +237,8 @@ class Backward:
             recipes = [(o.tensor, scatter.recipe(o, inner)) for o, inner in operands]
             taken = tuple((name, r) for name, r in recipes if r is not None)
             if len(taken) == len(recipes):
-                frame = (programs_rows, out.shape, out.stride(), out.data_ptr() % 16)
+                offsets = (out.data_ptr() % 16, dout.data_ptr() % 16)
+                frame = (programs_rows, out.shape, out.stride(), offsets)
                 kept = _Repeat(launch, frame, taken, self.floats, tuple(needs), _LAST[0])
                 self._repeats.remember(repeat_key, kept)
         return result
@@ -416,9 +419,11 @@ class _Repeat:
     returns the dq, dk and dv buffers, or None) and each operand's recipe, so a repeat
     checks the output's and dO's layout, launches and forms the gradients, deciding nothing
     again (Backward.run took 200-230 us of CPU a call before, at causal 1,16,2048,128 and
-    2,8,512,128 bf16, H200, benchmarks/backward_host.py). Specs with side inputs or sinks
-    take the full path (their gradients sum buffers the recipes do not cover). Returns None,
-    having launched nothing, for a call it does not fit: the full path takes it."""
+    2,8,512,128 bf16, H200, benchmarks/backward_host.py). The output's and dO's alignment
+    are the recorded call's (a backend's choice and Triton's specialization follow them).
+    Not recorded: the Triton backward of a spec with side inputs (their buffers go through
+    the general scatter) and specs with sinks. Returns None, having launched nothing, for a
+    call it does not fit: the full path takes it."""
 
     def __init__(
         self,
@@ -431,7 +436,7 @@ class _Repeat:
     ) -> None:
         self.launch, self.operands, self.floats, self.needs = launch, operands, floats, needs
         self.backend = backend  # what last_backend() said of the recorded call
-        self.rows, self.out_shape, self.out_stride, self.out_offset = frame
+        self.rows, self.out_shape, self.out_stride, self.offsets = frame
 
     def __call__(
         self,
@@ -445,10 +450,9 @@ class _Repeat:
         fits = (
             out.shape == self.out_shape
             and stride == self.out_stride
-            and out.data_ptr() % 16 == self.out_offset
+            and (out.data_ptr() % 16, dout.data_ptr() % 16) == self.offsets
             and dout.dtype == out.dtype
             and dout.stride() == stride
-            and dout.data_ptr() % 16 == self.out_offset
             and lse.is_contiguous()
         )
         if not fits:
