@@ -386,10 +386,10 @@ def _param_sites(spec: CheckedSpec) -> dict[str, str]:
 
 def _eager(tensors: Iterable[Any]) -> str | None:
     """How a call may skip the torch op: "plain" where nothing is traced (torch.compile,
-    export), no dispatch mode (FakeTensorMode, ...) or functorch transform is active, the
-    tensors are plain (no subclasses, fake or functional tensors) and autograd has nothing
-    to record; "grad" where only the last fails (an input requires grad, grad mode on:
-    attncc.runtime.eager's Function records it); None: through the op."""
+    export), no dispatch mode (FakeTensorMode, ...) is active, the tensors are plain (no
+    subclasses, fake or functional tensors) and autograd has nothing to record; "grad"
+    where an input requires grad (grad mode on) and no functorch transform is active
+    either (attncc.runtime.eager's Function records it); None: through the op."""
     if _is_compiling() or _current_dispatch_mode() is not None:
         return None
     grad = torch.is_grad_enabled()
