@@ -184,13 +184,19 @@ def test_the_sm90a_backward_in_a_cuda_graph(
     and hand-written training steps do) and replayed on new inputs copied into the captured
     ones: the replay's gradients are those of an eager call on the same inputs (dK and dV bit
     for bit, dQ within one bf16 step of its largest value), the sm_90a backward having run.
-    `eager_first`: a step on the default stream before the side stream's warm-up."""
+    `eager_first`: a step on the default stream before the side stream's warm-up, on a
+    length of its own (2176), so that it builds the default stream's launch plans: the
+    sm_90a plan once held the lse of the call that built it, whose grad_fn kept that step's
+    gradient accumulators (on the default stream) alive, and the capture then failed
+    ("operation would make the legacy stream depend on a capturing blocking stream"). With
+    2048, the other case's last eager step had built them first."""
+    seq = 2176 if eager_first else 2048
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm_90a backward needs an sm_90 GPU")
     monkeypatch.setenv("ATTNCC_TARGET", "auto")  # the suite's default is triton
     monkeypatch.delenv("ATTNCC_BACKWARD", raising=False)
     kernel = attncc.compile(EXAMPLES / f"{name}.attn")
-    given, _ = draw(name, 1, 4, 2048, 128, torch.bfloat16, "cuda")
+    given, _ = draw(name, 1, 4, seq, 128, torch.bfloat16, "cuda")
     leaves = [given[n].clone().requires_grad_(True) for n in ("q", "k", "v")]
     extra = [given[n] for n in kernel.input_names if n not in ("q", "k", "v")]
     grad = torch.randn_like(given["q"])
@@ -210,7 +216,7 @@ def test_the_sm90a_backward_in_a_cuda_graph(
     with torch.cuda.graph(graph):
         captured = step()
     assert autograd.last_backend() == "cuda", autograd.last_backend()
-    fresh, _ = draw(name, 1, 4, 2048, 128, torch.bfloat16, "cuda")
+    fresh, _ = draw(name, 1, 4, seq, 128, torch.bfloat16, "cuda")
     fresh = {n: t.flip(2) if n in ("q", "k", "v") else t for n, t in fresh.items()}
     with torch.no_grad():
         for leaf, n in zip(leaves, ("q", "k", "v"), strict=True):
