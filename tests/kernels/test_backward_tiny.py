@@ -276,3 +276,38 @@ def test_a_training_step_frees_its_inputs_without_the_garbage_collector(name: st
     finally:
         if enabled:
             gc.enable()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_eager_autograd_gives_the_ops_gradients(name: str) -> None:
+    """Every gradient example through the eager path (attncc.runtime.eager's Function) and
+    through the torch op's registered autograd, on the same inputs: the same output,
+    log-sum-exp and gradients of every float input, bit for bit (the same kernels and the
+    same Backward.run behind both)."""
+    kernel = attncc.compile(EXAMPLES / f"{name}.attn", target="triton", schedule="fused")
+    given, params = draw(name, 1, 4, 24, 16, torch.float32, "cpu")
+    floats = [n for n in kernel.input_names if given[n].is_floating_point()]
+    gen = torch.Generator().manual_seed(9)
+
+    def leaves() -> dict[str, torch.Tensor]:
+        return {
+            n: t.clone().requires_grad_(n in floats) if t.is_floating_point() else t
+            for n, t in given.items()
+        }
+
+    eager = leaves()
+    out, lse = kernel(**eager, **params, return_lse=True)
+    weights = torch.randn(out.shape, generator=gen), torch.randn(lse.shape, generator=gen)
+    ((out * weights[0]).sum() + (lse * weights[1]).sum()).backward()
+    through_op = leaves()
+    values = [params.get(p) for p in kernel.param_names]
+    op_out, op_lse = kernel._op(
+        *[through_op[n] for n in kernel.input_names], *values, return_lse=True
+    )
+    op_lse = kernel._returned_lse(op_lse)
+    ((op_out * weights[0]).sum() + (op_lse * weights[1]).sum()).backward()
+    assert torch.equal(out, op_out) and torch.equal(lse, op_lse)
+    for n in floats:
+        got, want = eager[n].grad, through_op[n].grad
+        assert got is not None and want is not None, n
+        assert torch.equal(got, want), n
