@@ -344,6 +344,7 @@ class Backward:
         dq, dk, dv, *sides = replayed
         launch = None
         if plan is not None and not sides:
+            precision = module._dot_precision(dtype)
 
             def launch(
                 tensors: dict[str, torch.Tensor],
@@ -352,6 +353,8 @@ class Backward:
                 dout: torch.Tensor,
                 dlse: torch.Tensor,
             ) -> tuple[torch.Tensor, ...] | None:
+                if module._dot_precision(dtype) != precision:
+                    return None  # PyTorch's fp32 product setting changed: other kernels
                 # the call's operands (dO in the output's layout, a tile index's live tiles
                 # from its own data), then the recorded launches
                 args = (tensors, params, out, lse, dout, dlse, sizes, dtype, device, *schedule)

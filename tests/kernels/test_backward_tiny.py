@@ -311,3 +311,41 @@ def test_eager_autograd_gives_the_ops_gradients(name: str) -> None:
         got, want = eager[n].grad, through_op[n].grad
         assert got is not None and want is not None, n
         assert torch.equal(got, want), n
+
+
+def test_a_repeated_backward_follows_the_fp32_product_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Triton backward's kernels are compiled for PyTorch's fp32 product setting (TF32
+    or exact, ``_dot_precision``); a repeat after the setting changed takes the full path,
+    which launches the kernels of the new setting, rather than replaying the old ones."""
+    kernel = attncc.compile(EXAMPLES / "causal.attn", target="triton", schedule="fused")
+    backward = kernel._backward
+    assert isinstance(backward, autograd.Backward)
+    module = backward.module(True)
+    given, params = draw("causal", 1, 2, 24, 16, torch.float32, "cpu")
+    grad = torch.randn(given["q"].shape, generator=torch.Generator().manual_seed(2))
+
+    def step() -> None:
+        leaves = [given[n].clone().requires_grad_(True) for n in ("q", "k", "v")]
+        kernel(*leaves, **params).backward(grad)
+
+    replayed: list[bool] = []
+    replay = autograd._Repeat.__call__
+
+    def noted(self: autograd._Repeat, *args: Any) -> Any:
+        result = replay(self, *args)
+        replayed.append(result is not None)
+        return result
+
+    monkeypatch.setattr(autograd._Repeat, "__call__", noted)
+    step()
+    step()
+    setting = module._dot_precision
+
+    def other(dtype: torch.dtype) -> str:
+        return "tf32" if setting(dtype) != "tf32" else "tf32x3"
+
+    monkeypatch.setattr(module, "_dot_precision", other)
+    step()
+    assert replayed == [True, False]
