@@ -19,7 +19,6 @@ import io
 import os
 import pstats
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,35 +28,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from calls import issue_us  # noqa: E402
+from host_overhead import graph_us, wall_us  # noqa: E402
 
 import attncc  # noqa: E402
 from attncc.bench import Shape, anchor_runners, bench_inputs, sizes_for  # noqa: E402
 from attncc.runtime import autograd  # noqa: E402
-from attncc.runtime.timing import graphed  # noqa: E402
 
 ANCHORS = {"flex": "flex", "sdpa-flash": "fa2"}
-
-
-def wall_us(fn: Callable[[], Any], calls: int = 200) -> float:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - began) / calls * 1e6
-
-
-def graph_us(fn: Callable[[], Any], calls: int = 50) -> float:
-    replay = graphed(fn)
-    replay()
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(calls):
-        replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - began) / calls * 1e6
 
 
 def with_backend(backend: str, fn: Callable[[], Any]) -> Callable[[], Any]:

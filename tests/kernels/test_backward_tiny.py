@@ -205,6 +205,21 @@ def test_a_recipe_gives_the_general_scatters_gradient(name: str) -> None:
     torch.testing.assert_close(recipe(buffer), general[k.key.tensor], rtol=1e-6, atol=1e-6)
 
 
+def note_replays(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each recorded backward a call found replayed (True) or left the call to the
+    full path (False), in order."""
+    replayed: list[bool] = []
+    replay = autograd._Repeat.__call__
+
+    def noted(self: autograd._Repeat, *args: Any) -> Any:
+        result = replay(self, *args)
+        replayed.append(result is not None)
+        return result
+
+    monkeypatch.setattr(autograd._Repeat, "__call__", noted)
+    return replayed
+
+
 @pytest.mark.parametrize("name", ["causal", "gqa_causal", "document_mask"])
 def test_a_repeated_backward_replays_its_call(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A backward like an earlier one replays its recorded call (Backward's repeats) and
@@ -236,15 +251,7 @@ def test_a_repeated_backward_replays_its_call(name: str, monkeypatch: pytest.Mon
     if name == "document_mask":  # other documents: other live tiles
         second["doc"] = torch.randint(0, 7, first["doc"].shape, generator=gen, dtype=torch.int32)
         second["doc"] = second["doc"].sort(dim=-1).values
-    replayed: list[bool] = []
-    replay = autograd._Repeat.__call__
-
-    def counted(self: autograd._Repeat, *args: Any) -> Any:
-        result = replay(self, *args)
-        replayed.append(result is not None)
-        return result
-
-    monkeypatch.setattr(autograd._Repeat, "__call__", counted)
+    replayed = note_replays(monkeypatch)
     for dout_now in (dout, dout.transpose(1, 2).contiguous().transpose(1, 2)):
         repeated = gradients(second, dout_now)
         assert autograd.last_backend() == said
@@ -330,15 +337,7 @@ def test_a_repeated_backward_follows_the_fp32_product_setting(
         leaves = [given[n].clone().requires_grad_(True) for n in ("q", "k", "v")]
         kernel(*leaves, **params).backward(grad)
 
-    replayed: list[bool] = []
-    replay = autograd._Repeat.__call__
-
-    def noted(self: autograd._Repeat, *args: Any) -> Any:
-        result = replay(self, *args)
-        replayed.append(result is not None)
-        return result
-
-    monkeypatch.setattr(autograd._Repeat, "__call__", noted)
+    replayed = note_replays(monkeypatch)
     step()
     step()
     setting = module._dot_precision
