@@ -38,6 +38,24 @@ from attncc.runtime.timing import graphed  # noqa: E402
 ANCHORS = {"flex": "flex", "sdpa-flash": "fa2", "sdpa-cudnn": "cudnn"}
 
 
+def anchor_backwards(
+    runners: dict[str, Callable[[], torch.Tensor] | None],
+    leaves: list[torch.Tensor],
+    grad: torch.Tensor,
+) -> dict[str, Callable[[], object]]:
+    """Each anchor's backward of q, k and v over a forward graph kept for it, by ANCHORS'
+    label, for the anchors ``runners`` (attncc.bench.anchor_runners) can run."""
+    calls: dict[str, Callable[[], object]] = {}
+    for anchor, label in ANCHORS.items():
+        runner = runners.get(anchor)
+        if runner is None:
+            continue
+        with torch.enable_grad():
+            out = runner()
+        calls[label] = lambda o=out: torch.autograd.grad(o, leaves[:3], grad, retain_graph=True)
+    return calls
+
+
 def timed(step: Callable[[], object]) -> Callable[[], float]:
     return lambda: float(triton.testing.do_bench(step, warmup=25, rep=100))
 
@@ -108,15 +126,8 @@ def one_shape(
     }
     params = kernel.param_defaults(sizes)
     runners = anchor_runners(kernel.ir, inputs, sizes, params, anchors, 0.5) if anchors else {}
-    for anchor, label in ANCHORS.items():
-        runner = runners.get(anchor)
-        if runner is None:
-            continue
-        with torch.enable_grad():
-            anchor_out = runner()
-        contenders[label] = timed(
-            lambda o=anchor_out: torch.autograd.grad(o, leaves[:3], grad, retain_graph=True)
-        )
+    for label, call in anchor_backwards(runners, leaves, grad).items():
+        contenders[label] = timed(call)
     best = time_rounds(contenders, rounds, required="bwd")
     bwd = best["bwd"]
     assert bwd is not None

@@ -27,6 +27,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+from backward_backends import anchor_backwards  # noqa: E402
 from calls import issue_us  # noqa: E402
 from host_overhead import graph_us, wall_us  # noqa: E402
 
@@ -75,22 +76,13 @@ def one_shape(spec: str, shape: str, dtype: torch.dtype, anchors: list[str], pro
     ran = autograd.last_backend()
     params = kernel.param_defaults(sizes)
     runners = anchor_runners(kernel.ir, inputs, sizes, params, anchors, 0.5) if anchors else {}
+    steps.update(anchor_backwards(runners, leaves, grad))
     for anchor, label in ANCHORS.items():
         runner = runners.get(anchor)
         if runner is None:
             continue
-        with torch.enable_grad():
-            anchor_out = runner()
-        steps[label] = lambda o=anchor_out: torch.autograd.grad(
-            o, leaves[:3], grad, retain_graph=True
-        )
-    for label, runner in list(runners.items()):
-        if runner is None or label not in ANCHORS:
-            continue
-        steps[f"{ANCHORS[label]} step"] = lambda r=runner: torch.autograd.grad(
-            r(), leaves[:3], grad
-        )
-        steps[f"{ANCHORS[label]} forward"] = runner
+        steps[f"{label} step"] = lambda r=runner: torch.autograd.grad(r(), leaves[:3], grad)
+        steps[f"{label} forward"] = runner
     steps["attncc step"] = lambda: torch.autograd.grad(kernel(*args), leaves, grad)
     steps["attncc forward"] = lambda: kernel(*args)
     print(f"{spec} {shape} {dtype} (the cuda backend ran: {ran})")

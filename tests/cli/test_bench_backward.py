@@ -243,3 +243,24 @@ def test_the_run_compiles_in_parallel_then_measures_within_the_budget(
     table = capsys.readouterr().out.splitlines()
     assert sum(line.endswith("not measured") for line in table) == 3
     assert any(line.startswith("causal") and "2.00" in line for line in table)
+
+
+def test_anchor_backwards_differentiate_each_anchor_run_once() -> None:
+    """backward_backends.anchor_backwards (shared with backward_host.py): each anchor that
+    has a runner gets a backward of q, k and v over one kept forward graph, repeatable; an
+    anchor without one (None) gets none."""
+    module = load_script(ROOT / "benchmarks" / "backward_backends.py", "backward_backends_script")
+    leaves = [torch.randn(2, 3, requires_grad=True) for _ in range(3)]
+    forwards = [0]
+
+    def runner() -> torch.Tensor:
+        forwards[0] += 1
+        return leaves[0] * 2 + leaves[1] * 3 + leaves[2]
+
+    grad = torch.ones(2, 3)
+    calls = module.anchor_backwards({"flex": runner, "sdpa-flash": None}, leaves, grad)
+    assert list(calls) == ["flex"]
+    for _ in range(2):
+        dq, dk, dv = calls["flex"]()
+        assert torch.equal(dq, grad * 2) and torch.equal(dk, grad * 3) and torch.equal(dv, grad)
+    assert forwards[0] == 1
