@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 
 from attncc.ir.nodes import AttentionKernel
 from attncc.passes.tiling import Tile
-from attncc.runtime import autograd, native, triton_plan
+from attncc.runtime import autograd, native, triton_plan, triton_warm
 from attncc.runtime import op as op_registry
 from attncc.runtime.autotune import Tuner
 from attncc.runtime.eager import EagerAttention
@@ -83,6 +83,8 @@ class Kernel:
         self._host = self.module(interpreted=False)
         if torch.cuda.is_available():  # GPU launches go through attncc's C launcher
             native.build_in_background()
+            if self.target == "triton":
+                triton_warm.start()
         permutation = tuple(self._host._LSE_PERMUTATION)
         identity = permutation == tuple(range(len(permutation)))
         self._lse_permutation = None if identity else permutation
@@ -170,6 +172,7 @@ class Kernel:
         if self.target != "triton":
             self(*args, **kwargs)
             return 1
+        triton_warm.wait()
         return self.tuner.warm(self.module(False), tensors, params, False)
 
     def _split(
@@ -222,6 +225,8 @@ class Kernel:
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
         if on_cpu:
             require_interpreter()
+        else:
+            triton_warm.wait()  # before anything launches a Triton kernel
         module = self.module(interpreted=on_cpu)
         if geometry is None:
             sizes, dtype, device = checked = module._check(tensors, params)
@@ -332,6 +337,8 @@ class Kernel:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._fallback_kernel is None:
             assert self.fallback is not None
+            if torch.cuda.is_available():  # beside the fallback's code generation
+                triton_warm.start()
             self._fallback_kernel = self.fallback()
         key = Plans.key(tensors, params, return_lse, False, stream=False)
         self._falls_back.remember(key, True)

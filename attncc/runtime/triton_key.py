@@ -18,8 +18,10 @@ import functools
 import importlib.machinery
 import inspect
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from attncc.cache import atomic_write, cache_dir, content_key
 
@@ -32,6 +34,9 @@ _HASHED_FILES = ("runtime/cache.py",)
 _HASHED_PACKAGES = ("compiler", "backends", "language")
 _HASHED_FOLDERS = ("_C",)
 _MODULE_SUFFIXES = tuple(importlib.machinery.all_suffixes())
+# install() runs on the first module load and on attncc.runtime.triton_warm's thread: one
+# memo between them, so the hash is computed (or read) once
+_install_lock = threading.Lock()
 
 
 def _modules(folder: Path, top: bool) -> list[Path]:
@@ -99,8 +104,12 @@ def install() -> None:
     import triton.runtime.autotuner as autotuner
     import triton.runtime.cache as triton_cache
 
-    if getattr(triton_cache.triton_key, "attncc_memo", False):
-        return
+    with _install_lock:
+        if not getattr(triton_cache.triton_key, "attncc_memo", False):
+            _install(triton, triton_cache, autotuner)
+
+
+def _install(triton: Any, triton_cache: Any, autotuner: Any) -> None:
     root = Path(triton_cache.__file__).resolve().parents[1]
     memo = remembered(triton_cache.triton_key, root, triton.__version__, cache_dir() / "triton_key")
     memo.attncc_memo = True  # type: ignore[attr-defined]

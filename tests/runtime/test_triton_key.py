@@ -128,3 +128,28 @@ def test_the_memo_covers_every_file_triton_hashes() -> None:
             assert spec is not None and spec.origin is not None
             origins.append(Path(spec.origin))
         assert origins and all(p.resolve() in covered for p in origins)
+
+
+def test_installs_from_two_threads_make_one_memo(tmp_path: Path) -> None:
+    """attncc.runtime.triton_warm's thread and the first module load both install: one memo
+    between them (a second would compute or read the hash again)."""
+    script = (
+        "import threading, time\n"
+        "import triton.runtime.cache as c\n"
+        "from attncc.runtime import triton_key\n"
+        "made, original = [], triton_key.remembered\n"
+        "def slow(*args):\n"
+        "    made.append(1)\n"
+        "    time.sleep(0.05)\n"
+        "    return original(*args)\n"
+        "triton_key.remembered = slow\n"
+        "threads = [threading.Thread(target=triton_key.install) for _ in range(8)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "print(len(made), c.triton_key.attncc_memo)\n"
+    )
+    env = {**os.environ, "ATTNCC_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["1", "True"]
