@@ -21,6 +21,10 @@ import numpy as np
 
 # cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _MAX_DYNAMIC_SHARED = 8
+# cuFuncGetAttribute's CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+_MAX_THREADS = 0
+# cuFuncSetCacheConfig's CU_FUNC_CACHE_PREFER_SHARED
+_PREFER_SHARED = 1
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,6 +45,10 @@ def lib() -> Any:
     cuda.cuKernelGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
     cuda.cuFuncSetAttribute.restype = ctypes.c_int
     cuda.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    cuda.cuFuncGetAttribute.restype = ctypes.c_int
+    cuda.cuFuncGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_void_p]
+    cuda.cuFuncSetCacheConfig.restype = ctypes.c_int
+    cuda.cuFuncSetCacheConfig.argtypes = [ctypes.c_void_p, ctypes.c_int]
     cuda.cuCtxGetCurrent.restype = ctypes.c_int
     cuda.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
     cuda.cuGetErrorName.restype = ctypes.c_int
@@ -196,6 +204,21 @@ def function(kernel: Kernel, device_index: int, shared_bytes: int) -> int:
             )
         found[1] = shared_bytes
     return found[0]
+
+
+def max_threads(function: int) -> int:
+    """The most threads a block of ``function`` may have (its registers decide)."""
+    threads = ctypes.c_int()
+    code = lib().cuFuncGetAttribute(ctypes.byref(threads), _MAX_THREADS, ctypes.c_void_p(function))
+    _check(code, "cuFuncGetAttribute")
+    return int(threads.value)
+
+
+def prefer_shared(function: int) -> None:
+    """Ask for the largest shared memory carveout for ``function`` (a hint, as Triton's
+    loader gives kernels using more than 48 KB)."""
+    code = lib().cuFuncSetCacheConfig(ctypes.c_void_p(function), _PREFER_SHARED)
+    _check(code, "cuFuncSetCacheConfig")
 
 
 # struct codes of the numpy scalars a launch passes (pointers, ints, floats)

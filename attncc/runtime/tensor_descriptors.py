@@ -11,8 +11,11 @@ call's tensor by rewriting the one word that holds its address (tensor_map.Addre
 read from the driver's own encodings), or, for a descriptor Triton passes unencoded, its
 base as a plain pointer argument.
 
-Where the launcher is not the wrapper this module knows (another Triton version), or a map's
-address field cannot be found, ``expand`` returns None and the replay keeps Triton's path.
+Which arguments are descriptors and how each is passed (encoded or not) comes from the
+compiled kernel (``metas``), as Triton's launcher reads it, so a launch through attncc's own
+launcher never needs Triton's built. Where a map's address field cannot be found ``expand``
+returns None, and where Triton's launcher is not the wrapper this module knows (another
+Triton version) ``raw_launch`` does: the replay then keeps Triton's path.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ _MAP_BYTES = 128
 
 
 class Expanded(NamedTuple):
-    launch: Callable[..., Any]  # the compiled launch function
     values: list[Any]  # the kernel's arguments, descriptors expanded
     slots: list[tuple[int, Source]]  # pointer slots: (position in values, source)
     patches: tuple[tuple[Callable[[int], None], Source], ...]  # (move a kept map, its base)
@@ -39,22 +41,44 @@ class Expanded(NamedTuple):
     maps: tuple[tuple[int, tensor_map.AddressField, Source], ...]
 
 
+def metas(compiled: Any) -> dict[int, Any]:
+    """Each descriptor argument's position among a compiled kernel's arguments, with the
+    metadata its launcher expands it by (None: passed unencoded), as Triton's
+    ``CudaLauncher`` reads them: the signature's tensordesc types, the compiled metadata's
+    ``tensordesc_meta`` in their order."""
+    signature = getattr(getattr(compiled, "src", None), "signature", {})
+    indices = [
+        at
+        for at, kind in enumerate(signature.values())
+        if isinstance(kind, str) and kind.startswith("tensordesc")
+    ]
+    found = getattr(compiled.metadata, "tensordesc_meta", None) or [None] * len(indices)
+    if len(found) != len(indices):
+        return {}
+    return dict(zip(indices, found, strict=True))
+
+
+def raw_launch(launch: Any) -> Callable[..., Any] | None:
+    """The compiled launch function inside Triton's descriptor wrapper ``launch`` (None:
+    not the wrapper this module knows)."""
+    unwrapped = _unwrapped(launch)
+    return None if unwrapped is None else unwrapped[0]
+
+
 def expand(
-    launch: Any,
+    metas: dict[int, Any],
     values: Sequence[Any],
     slots: dict[int, Source],
     pointer: Callable[[Source], int],
     types: Sequence[str] = (),
 ) -> Expanded | None:
-    """``launch`` (Triton's launch function for one kernel) unwrapped, with the kernel's
-    argument ``values`` (None at ``slots``, positions filled each call from their source)
-    expanded as the wrapper would; ``pointer`` gives a source's pointer in the recorded call
-    (where the maps are first encoded); ``types``, the arguments' signature types where
-    given, expanded alike. None: leave the launch as it is."""
-    unwrapped = _unwrapped(launch)
-    if unwrapped is None:
+    """A kernel's argument ``values`` (None at ``slots``, positions filled each call from
+    their source) with the descriptors at ``metas``' positions expanded as Triton's
+    launcher would; ``pointer`` gives a source's pointer in the recorded call (where the
+    maps are first encoded); ``types``, the arguments' signature types where given,
+    expanded alike. None: no descriptor, or one this module cannot expand."""
+    if not metas:
         return None
-    raw, metas = unwrapped
     try:
         from triton.backends.nvidia.driver import make_tensordesc_arg
     except ImportError:
@@ -99,7 +123,7 @@ def expand(
         out_types += _descriptor_types(kind, meta, len(expansion))
         out.extend(expansion)
         patches.append((move, base))
-    return Expanded(raw, out, out_slots, tuple(patches), out_types, tuple(maps))
+    return Expanded(out, out_slots, tuple(patches), out_types, tuple(maps))
 
 
 def _descriptor_types(kind: str, meta: Any, length: int) -> list[str]:
@@ -115,7 +139,8 @@ def _descriptor_types(kind: str, meta: Any, length: int) -> list[str]:
 
 def _unwrapped(launch: Any) -> tuple[Callable[..., Any], dict[int, Any]] | None:
     """The compiled launch function inside Triton's descriptor wrapper, and each descriptor
-    argument's position with its metadata (None: passed unencoded)."""
+    argument's position with its metadata (None: passed unencoded), from the names the
+    wrapper closes over."""
     code, closure = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
     if code is None or not closure:
         return None

@@ -8,6 +8,11 @@ have, into a ``driver.Launch`` whose slots take the pointers of each call: the i
 by name, the call's allocations by index, the scratch block's base plus an offset, and the
 address words of the tensor maps kept from the descriptors' expansion.
 
+The kernel's function comes from attncc's driver too (``loaded_function``): Triton's own
+loading (``CompiledKernel.function``) first builds the kernel's launcher, a C compiler run
+of 0.39 s on an H200 machine with an empty Triton cache, which a first call through this
+module never needs.
+
 The layout follows Triton's launcher for the kernel's signature: each argument that is not a
 constexpr, in order (pointers, integers and floats at their C width, an encoded map's 128
 bytes), then the global and profile scratch pointers (both 0 here). The count and size of
@@ -36,17 +41,46 @@ _SCALARS: dict[str, type[np.generic]] = {
     "fp32": np.float32, "f32": np.float32, "fp64": np.float64,
 }  # fmt: skip
 _MAP_BYTES = 128
+# Triton's load_binary: a kernel using more than this much shared memory prefers shared
+# memory over L1 (cuFuncSetCacheConfig)
+_STATIC_SHARED_LIMIT = 49152
+# (id of a CompiledKernel, device index) -> the CompiledKernel (keeping the id taken) and its
+# kernel loaded by attncc's driver
+_LOADED: dict[tuple[int, int], tuple[Any, driver.Kernel]] = {}
+
+
+def loaded_function(compiled: Any, device: int) -> int | str:
+    """The CUfunction of ``compiled``'s cubin on ``device`` (the current context), loaded
+    through attncc's driver with its shared memory allowed, or why not (a launch through
+    Triton then raises Triton's own error, such as OutOfResources)."""
+    key = (id(compiled), device)
+    found = _LOADED.get(key)
+    metadata = compiled.metadata
+    try:
+        if found is None:
+            (kernel,) = driver.load_kernels(compiled.kernel, (compiled.name,))
+            found = _LOADED[key] = (compiled, kernel)
+        function = driver.function(found[1], device, metadata.shared)
+    except (RuntimeError, TypeError, AttributeError) as error:
+        return f"the kernel's cubin does not load through attncc's driver ({error})"
+    if driver.max_threads(function) < 32 * metadata.num_warps:
+        return "more threads than the kernel's registers allow"
+    if metadata.shared > _STATIC_SHARED_LIMIT:
+        driver.prefer_shared(function)
+    return function
 
 
 def prepare(
     compiled: Any,
+    function: int,
     grid: tuple[int, int, int],
     values: Sequence[Any],
     types: Sequence[str],
     slots: Sequence[tuple[int, Source]],
     maps: Sequence[tuple[int, tensor_map.AddressField, Source]] = (),
 ) -> driver.Launch | str:
-    """The launch of ``compiled`` (a Triton CompiledKernel) on ``grid`` with ``values``, the
+    """The launch of ``compiled`` (a Triton CompiledKernel), its ``function`` loaded by
+    ``loaded_function``, on ``grid`` with ``values``, the
     launcher's arguments (descriptors expanded) with their signature ``types``: None at the
     ``slots``' positions (filled from their source each call), tensor maps at the ``maps``'
     positions (their address word moved to their base's pointer each call). A str says why
@@ -74,11 +108,11 @@ def prepare(
         parameter[at] = len(args)
         args.append(packed)
     args += [np.uint64(0), np.uint64(0)]  # the global and profile scratch pointers
-    mismatch = _layout_mismatch(compiled.function, args)
+    mismatch = _layout_mismatch(function, args)
     if mismatch is not None:
         return mismatch
     launch = driver.Launch(
-        compiled.function, grid, (32 * metadata.num_warps, 1, 1), metadata.shared, 0, args
+        function, grid, (32 * metadata.num_warps, 1, 1), metadata.shared, 0, args
     )
     offsets = launch.offsets
     launch_slots: list[driver.Slot] = []

@@ -234,12 +234,11 @@ class TritonPlan:
                 return int(recorder.input_pointers[source[1]])
             return recorder.tensors[source[1]].data_ptr()
 
-        prepared = [_prepared(s, pointer) for s in self.steps] if device is not None else []
-        self.launches = tuple(triton for triton, _ in prepared)
+        prepared = [_prepared(s, pointer, device) for s in self.steps] if device is not None else []
         # every step issued through attncc's launcher (triton_launch; a step with an empty
         # grid launches nothing): each one's driver.Launch.issue; or None, and why a step
         # keeps Triton's launcher
-        direct = [launch for _, launch in prepared]
+        direct = [launch for _, launch, _ in prepared]
         refusals = [launch for launch in direct if isinstance(launch, str)]
         self.launcher_refusal = refusals[0] if refusals else None
         self.issues = (
@@ -247,6 +246,12 @@ class TritonPlan:
             if device is not None and not refusals
             else None
         )
+        # Triton's launchers, built only where a step needs one (a C compiler run each on an
+        # empty Triton cache)
+        self.launches = tuple(triton() for triton, _, _ in prepared) if self.issues is None else ()
+        # whether a step keeps a descriptor's map and moves it to each call's tensor (rather
+        # than encode it again)
+        self.moves_maps = any(moves for _, _, moves in prepared)
         # launches that rewrite tensor maps they keep (descriptor patches) hold this while
         # patching and launching: two threads replaying the plan share those maps
         self.patched = any(launch[6] for launch in self.launches)
@@ -332,27 +337,53 @@ _Launch = tuple[
 
 
 def _prepared(
-    step: _Step, pointer: Callable[[Source], int]
-) -> tuple[_Launch, driver.Launch | str | None]:
-    """A compiled step's launch through Triton's launcher, and through attncc's
-    (attncc.runtime.triton_launch: None for an empty grid; a str says why not)."""
-    launch, middle = _launcher(step.compiled)
-    head = [*step.grid, None, *middle]
+    step: _Step, pointer: Callable[[Source], int], device: int
+) -> tuple[Callable[[], _Launch], driver.Launch | str | None, bool]:
+    """A compiled step's launch through Triton's launcher (a function building it), through
+    attncc's (attncc.runtime.triton_launch: None for an empty grid; a str says why not),
+    and whether it moves descriptor maps kept from this call."""
     values, slots = step.values, list(step.slots)
-    patches: tuple[tuple[Callable[[int], None], Source], ...] = ()
     signature = getattr(getattr(step.compiled, "src", None), "signature", {})
     types = [t if isinstance(t, str) else "" for t in signature.values()]  # "": a tuple
-    expanded = tensor_descriptors.expand(launch, values, dict(slots), pointer, types)
-    maps: tuple[tuple[int, Any, Source], ...] = ()
-    if expanded is not None:
+    metas = tensor_descriptors.metas(step.compiled)
+    expanded = tensor_descriptors.expand(metas, values, dict(slots), pointer, types)
+    direct: driver.Launch | str | None = None
+    if 0 not in step.grid:  # Triton's launcher launches nothing on an empty grid
+        direct = _direct(step.compiled, device, step.grid, values, types, slots, expanded)
+
+    def triton() -> _Launch:
+        launch, middle = _launcher(step.compiled)
+        head = [*step.grid, None, *middle]
+        raw = tensor_descriptors.raw_launch(launch) if expanded is not None else None
+        if expanded is None or raw is None:
+            return _triton_launch(launch, head, values, slots, ())
         # Triton's descriptor wrapper left out: its maps are kept and moved, not encoded
         # again each call (an encoding costs 5.7-11.7 us of CPU from Python, H200:
         # benchmarks/call_parts.py); no descriptor slot is left
-        launch, values, slots, patches, types, maps = expanded
-    direct: driver.Launch | str | None = None
-    if 0 not in step.grid:  # Triton's launcher launches nothing on an empty grid
-        direct = triton_launch.prepare(step.compiled, step.grid, values, types, slots, maps)
-    return _triton_launch(launch, head, values, slots, patches), direct
+        return _triton_launch(raw, head, expanded.values, expanded.slots, expanded.patches)
+
+    moves = expanded is not None and bool(expanded.maps)
+    return triton, direct, moves
+
+
+def _direct(
+    compiled: Any,
+    device: int,
+    grid: tuple[int, int, int],
+    values: list[Any],
+    types: list[str],
+    slots: list[tuple[int, Source]],
+    expanded: tensor_descriptors.Expanded | None,
+) -> driver.Launch | str:
+    """The launch through attncc's launcher (triton_launch), or why it keeps Triton's."""
+    function = triton_launch.loaded_function(compiled, device)
+    if isinstance(function, str):
+        return function
+    if expanded is None:
+        return triton_launch.prepare(compiled, function, grid, values, types, slots)
+    return triton_launch.prepare(
+        compiled, function, grid, expanded.values, expanded.types, expanded.slots, expanded.maps
+    )
 
 
 def _triton_launch(
@@ -466,10 +497,13 @@ _RECORDING = threading.local()
 
 
 @contextmanager
-def _watching(kernels: list[Any], recorder: _Recorder) -> Iterator[None]:
+def _watching(kernels: list[Any], recorder: _Recorder, device: int | None) -> Iterator[None]:
     """Route ``kernels``' launches through ``recorder`` for this thread, with the torch
     function mode suspended while they run (the interpreter's own torch calls are not the
-    module's)."""
+    module's). Compiled kernels (on ``device``; None: the interpreter) launch through
+    attncc's launcher where ``_launched_directly`` can: Triton's launcher for a kernel is a
+    C compiler run on an empty Triton cache (0.39 s on an H200 machine), and a first call
+    that never needs one never builds one."""
     originals = {id(k): k.run for k in kernels}
 
     def watch(kernel: Any) -> Callable[..., Any]:
@@ -479,7 +513,12 @@ def _watching(kernels: list[Any], recorder: _Recorder) -> Iterator[None]:
             if getattr(_RECORDING, "recorder", None) is not recorder or warmup:
                 return original(*args, grid=grid, warmup=warmup, **kwargs)
             with torch._C.DisableTorchFunction():
-                compiled = original(*args, grid=grid, warmup=warmup, **kwargs)
+                if device is None:
+                    compiled = original(*args, grid=grid, warmup=False, **kwargs)
+                else:  # compiled, then launched through attncc's launcher where it can be
+                    compiled = original(*args, grid=grid, warmup=True, **kwargs)
+                    if not _launched_directly(kernel, compiled, device, grid, args, kwargs):
+                        original(*args, grid=grid, warmup=False, **kwargs)
             recorder.launched(kernel, compiled, grid, args, kwargs)
             return compiled
 
@@ -497,6 +536,35 @@ def _watching(kernels: list[Any], recorder: _Recorder) -> Iterator[None]:
                 del kernel.run  # the class's own run again
 
 
+def _launched_directly(
+    kernel: Any, compiled: Any, device: int, grid: Any, args: tuple[Any, ...], kwargs: Any
+) -> bool:
+    """Issue a recorded call's launch of ``compiled`` through attncc's launcher, as Triton's
+    would issue it; False where it cannot (the caller then launches through Triton)."""
+    if compiled is None or hasattr(compiled, "result") or _launch_hooks():
+        return False  # compiling elsewhere (Triton's async mode), or a profiler's launches
+    if not isinstance(grid, tuple) or not all(type(g) is int for g in grid):
+        return False
+    names = tuple(kernel.arg_names)
+    if len(args) > len(names) or any(n not in kwargs for n in names[len(args) :]):
+        return False
+    full_grid = (*grid, 1, 1)[:3]
+    if 0 in full_grid:
+        return True  # Triton's launcher launches nothing either
+    values = [*args, *(kwargs[n] for n in names[len(args) :])]
+    signature = getattr(getattr(compiled, "src", None), "signature", {})
+    types = [t if isinstance(t, str) else "" for t in signature.values()]
+    metas = tensor_descriptors.metas(compiled)
+    expanded = tensor_descriptors.expand(metas, values, {}, lambda source: 0, types)
+    if metas and expanded is None:
+        return False
+    launch = _direct(compiled, device, full_grid, values, types, [], expanded)
+    if isinstance(launch, str):
+        return False
+    launch.run(torch._C._cuda_getCurrentRawStream(device), {}, (), 0)
+    return True
+
+
 def record(
     module: Any, launch: Callable[[], Result], tensors: dict[str, Any], compiled: bool
 ) -> tuple[Result, TritonPlan | None, str | None]:
@@ -508,7 +576,8 @@ def record(
     found = [v for v in vars(module).values() if isinstance(v, KernelInterface)]
     kernels = list({id(k): k for k in found}.values())  # an alias patched twice unpatches once
     recorder = _Recorder(tensors)
-    with _watching(kernels, recorder), recorder:
+    device = torch.cuda.current_device() if compiled else None
+    with _watching(kernels, recorder, device), recorder:
         result = launch()
     outputs = tuple(recorder.source(t) for t in result)
     refusal = recorder.refusal
@@ -520,6 +589,5 @@ def record(
         refusal = "a launch without a compiled kernel"
     if refusal is not None:
         return result, None, refusal
-    device = torch.cuda.current_device() if compiled else None
     indexes = tuple(source[1] for source in outputs)  # type: ignore[index]
     return result, TritonPlan(recorder, indexes, device), None

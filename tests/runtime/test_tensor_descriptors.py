@@ -6,6 +6,7 @@ path itself runs on a GPU (tests/runtime/test_triton_plan.py in the `kernels` st
 from __future__ import annotations
 
 import ctypes
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,9 +28,28 @@ def _raw(*args: Any) -> None:
 
 
 def test_a_launch_without_the_descriptor_wrapper_is_left_as_it_is() -> None:
-    assert tensor_descriptors.expand(_raw, [1, 2], {}, lambda s: 0) is None
-    not_triton = _wrapper(_raw, set(), [])
-    assert tensor_descriptors.expand(not_triton, [1, 2], {}, lambda s: 0) is None
+    assert tensor_descriptors.raw_launch(_raw) is None
+    assert tensor_descriptors.raw_launch(_wrapper(_raw, set(), [])) is None
+    assert tensor_descriptors.raw_launch(_wrapper(_raw, {1}, [None])) is _raw
+    assert tensor_descriptors.expand({}, [1, 2], {}, lambda s: 0) is None
+
+
+def _compiled(signature: dict[str, Any], tensordesc_meta: Any) -> Any:
+    return SimpleNamespace(
+        src=SimpleNamespace(signature=signature),
+        metadata=SimpleNamespace(tensordesc_meta=tensordesc_meta),
+    )
+
+
+def test_descriptor_positions_and_metadata_come_from_the_compiled_kernel() -> None:
+    """As Triton's launcher reads them: the signature's tensordesc arguments in order, each
+    with its entry of the metadata's tensordesc_meta (None throughout when it is empty)."""
+    signature = {"q": "*bf16", "k": "tensordesc<bf16[64, 64]>", "n": "i32",
+                 "v": "tensordesc<bf16[64, 64]>", "BLOCK": "constexpr"}  # fmt: skip
+    encoded = tensor_descriptors.metas(_compiled(signature, [{"swizzle": 3}, {"swizzle": 2}]))
+    assert encoded == {1: {"swizzle": 3}, 3: {"swizzle": 2}}
+    assert tensor_descriptors.metas(_compiled(signature, None)) == {1: None, 3: None}
+    assert tensor_descriptors.metas(_compiled({"q": "*bf16"}, None)) == {}
 
 
 def test_an_unencoded_descriptor_expands_to_its_base_pointer_shape_and_strides() -> None:
@@ -37,13 +57,12 @@ def test_an_unencoded_descriptor_expands_to_its_base_pointer_shape_and_strides()
     descriptor's base each call), shape, strides, the NaN-padding flag, shape and strides
     again; the other arguments keep their positions' sources."""
     source = ("desc", ("input", "k"), (64, 32), (32, 1), (16, 32), "zero")
-    launch = _wrapper(_raw, {1}, [None])
     types = ["*fp16", "tensordesc<bf16[16, 32]>", "i32"]
     expanded = tensor_descriptors.expand(
-        launch, [None, None, 7], {0: ("input", "q"), 1: source}, lambda s: 0, types
+        {1: None}, [None, None, 7], {0: ("input", "q"), 1: source}, lambda s: 0, types
     )
     assert expanded is not None
-    assert expanded.launch is _raw and expanded.patches == () and expanded.maps == ()
+    assert expanded.patches == () and expanded.maps == ()
     assert expanded.values == [None, None, 64, 32, 32, 1, False, 64, 32, 32, 1, 7]
     assert expanded.slots == [(0, ("input", "q")), (1, ("input", "k"))]
     # as Triton's launcher declares them: the base, shape and strides twice, the NaN flag
@@ -81,7 +100,7 @@ def test_an_encoded_descriptors_map_is_made_once_and_moved_by_one_word(
     source = ("desc", ("input", "v"), (64, 32), (32, 1), (16, 32), "zero")
     recorded = 2**36 + 4096
     expanded = tensor_descriptors.expand(
-        _wrapper(_raw, {0}, [{"swizzle": 3}]),
+        {0: {"swizzle": 3}},
         [None],
         {0: source},
         lambda s: recorded,
@@ -108,6 +127,6 @@ def test_a_map_without_an_address_word_keeps_tritons_path(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(nvidia_driver, "make_tensordesc_arg", make)
     source = ("desc", ("input", "v"), (64, 32), (32, 1), (16, 32), "zero")
-    launch = _wrapper(_raw, {0}, [{"swizzle": 3}])
-    assert tensor_descriptors.expand(launch, [None], {0: source}, lambda s: 2**36) is None
+    metas = {0: {"swizzle": 3}}
+    assert tensor_descriptors.expand(metas, [None], {0: source}, lambda s: 2**36) is None
     assert tensor_map.address_field(lambda a: bytes(128), 2**36) is None  # nothing moves

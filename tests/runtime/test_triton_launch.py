@@ -51,7 +51,7 @@ def recorder(
 
 def _compiled(**metadata: Any) -> Any:
     fields = {"num_warps": 4, "num_ctas": 1, "shared": 2048, "launch_pdl": False} | metadata
-    return SimpleNamespace(function=0x55, metadata=SimpleNamespace(**fields))
+    return SimpleNamespace(metadata=SimpleNamespace(**fields))
 
 
 def _map(address: int) -> bytes:
@@ -67,7 +67,13 @@ def test_a_launch_passes_tritons_layout_and_each_calls_pointers(recorder: _Recor
     field = tensor_map.address_field(_map, 2**36)
     assert field is not None
     launch = triton_launch.prepare(
-        _compiled(), (5, 2, 1), values, TYPES, [(0, ("input", "q"))], [(4, field, ("alloc", 1))]
+        _compiled(),
+        0x55,
+        (5, 2, 1),
+        values,
+        TYPES,
+        [(0, ("input", "q"))],
+        [(4, field, ("alloc", 1))],
     )
     assert isinstance(launch, driver.Launch)
     q, out = torch.empty(8), torch.empty(16)
@@ -84,7 +90,7 @@ def test_a_launch_passes_tritons_layout_and_each_calls_pointers(recorder: _Recor
 def test_a_scratch_slot_is_the_base_plus_its_offset(recorder: _Recorder) -> None:
     values = [None, 7, 64, 0.5, ctypes.create_string_buffer(128), 3, 4, None, False]
     launch = triton_launch.prepare(
-        _compiled(), (1, 1, 1), values, TYPES, [(0, ("scratch", 1024)), (7, ("input", "q"))]
+        _compiled(), 0x55, (1, 1, 1), values, TYPES, [(0, ("scratch", 1024)), (7, ("input", "q"))]
     )
     assert isinstance(launch, driver.Launch)
     q = torch.empty(2)
@@ -115,12 +121,78 @@ def test_launches_it_cannot_pack_exactly_keep_tritons_launcher(
 ) -> None:
     monkeypatch.setattr(driver, "parameter_sizes", lambda function: sizes)
     values = [None, 7, 64, 0.5, ctypes.create_string_buffer(128), 3, 4, None, True]
-    refusal = triton_launch.prepare(compiled, (1, 1, 1), values, types, [(0, ("input", "q"))])
+    refusal = triton_launch.prepare(compiled, 0x55, (1, 1, 1), values, types, [(0, ("input", "q"))])
     assert isinstance(refusal, str) and why in refusal
 
 
 def test_a_descriptor_left_to_tritons_wrapper_keeps_its_launcher(recorder: _Recorder) -> None:
     source = ("desc", ("input", "k"), (64, 32), (32, 1), (16, 32), "zero")
     values = [None, 7, 64, 0.5, ctypes.create_string_buffer(128), 3, 4, None, True]
-    refusal = triton_launch.prepare(_compiled(), (1, 1, 1), values, TYPES, [(0, source)])
+    refusal = triton_launch.prepare(_compiled(), 0x55, (1, 1, 1), values, TYPES, [(0, source)])
     assert isinstance(refusal, str) and "from desc" in refusal
+
+
+class _Driver:
+    """attncc's driver as loaded_function uses it: loads, functions and their limits."""
+
+    def __init__(self, threads: int, refuse_shared: bool = False) -> None:
+        self.loads: list[tuple[bytes, tuple[str, ...]]] = []
+        self.preferring: list[int] = []
+        self.threads, self.refuse_shared = threads, refuse_shared
+
+    def load_kernels(self, cubin: bytes, names: tuple[str, ...]) -> tuple[driver.Kernel, ...]:
+        self.loads.append((cubin, names))
+        return (driver.Kernel(0x700 + len(self.loads), names[0]),)
+
+    def function(self, kernel: driver.Kernel, device: int, shared: int) -> int:
+        if self.refuse_shared:
+            raise RuntimeError(f"attncc: cannot give a CUDA kernel {shared} bytes")
+        return kernel.handle + 0x10000 * device
+
+    def max_threads(self, function: int) -> int:
+        return self.threads
+
+    def prefer_shared(self, function: int) -> None:
+        self.preferring.append(function)
+
+
+def _cubin(shared: int, num_warps: int = 4) -> Any:
+    metadata = SimpleNamespace(shared=shared, num_warps=num_warps)
+    return SimpleNamespace(kernel=b"cubin", name="attn_fwd", metadata=metadata)
+
+
+def test_a_kernel_is_loaded_once_per_device_through_attnccs_driver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Triton's own loading would build its launcher (a C compiler run): the cubin goes
+    through attncc's driver instead, once per compiled kernel and device, and a kernel
+    using more than 48 KB of shared memory prefers shared memory, as Triton's loader sets."""
+    fake = _Driver(threads=1024)
+    for name in ("load_kernels", "function", "max_threads", "prefer_shared"):
+        monkeypatch.setattr(driver, name, getattr(fake, name))
+    monkeypatch.setattr(triton_launch, "_LOADED", {})
+    small, large = _cubin(shared=2048), _cubin(shared=160 * 1024)
+    first = triton_launch.loaded_function(small, 0)
+    assert triton_launch.loaded_function(small, 0) == first
+    assert fake.loads == [(b"cubin", ("attn_fwd",))] and fake.preferring == []
+    assert triton_launch.loaded_function(small, 1) != first  # another device: its own load
+    wide = triton_launch.loaded_function(large, 0)
+    assert fake.preferring == [wide] and len(fake.loads) == 3
+
+
+@pytest.mark.parametrize(
+    ("fake", "why"),
+    [
+        (_Driver(threads=96), "more threads than the kernel's registers allow"),
+        (_Driver(threads=1024, refuse_shared=True), "does not load through attncc's driver"),
+    ],
+)
+def test_a_kernel_the_driver_cannot_run_as_configured_keeps_tritons_launch(
+    monkeypatch: pytest.MonkeyPatch, fake: _Driver, why: str
+) -> None:
+    """Triton's launch raises its own error for these (OutOfResources): no launch here."""
+    for name in ("load_kernels", "function", "max_threads", "prefer_shared"):
+        monkeypatch.setattr(driver, name, getattr(fake, name))
+    monkeypatch.setattr(triton_launch, "_LOADED", {})
+    refusal = triton_launch.loaded_function(_cubin(shared=232448), 0)
+    assert isinstance(refusal, str) and why in refusal

@@ -102,7 +102,7 @@ def test_replays_on_fresh_tensors_move_the_descriptor_maps_to_them() -> None:
         )
     if DEVICE == "cuda" and kernel.launch_config(**calls[0]).get("tma"):
         key = Plans.key(calls[0], {}, False, False, stream=False)
-        assert kernel._geometry(key).plan.patched
+        assert kernel._geometry(key).plan.moves_maps
         _assert_through_attnccs_launcher(kernel, calls[0], False)
 
 
