@@ -9,11 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from attncc.codegen import cuda as cuda_backend
 from attncc.codegen import triton as triton_backend
 from attncc.ir import lower
 from attncc.ir.nodes import AttentionKernel, Schedule
 from attncc.passes import default_passes, run_passes
+from attncc.runtime import triton_warm
 from attncc.runtime.kernel import Kernel
 from attncc.spec import CheckedSpec, load
 from attncc.target import TARGETS, check_target, decided_by_rule, resolve_target
@@ -88,6 +91,10 @@ def compile(
     elsewhere; ``Kernel.target`` says which. A kernel auto made CUDA runs the calls its sm_90a
     kernels cannot take (CPU tensors, fp32, head dims past 256, ...) on the spec's Triton
     kernel (``Kernel.fallback``)."""
+    if target != "cuda" and torch.cuda.is_available():
+        # a Triton kernel, or one whose calls auto may hand to Triton: Triton's one-time
+        # start-up work begins beside the code generation (attncc.runtime.triton_warm)
+        triton_warm.start()
     built = build(spec, target, schedule, **options)
     fallback = None
     if built.target == "cuda" and decided_by_rule(target):

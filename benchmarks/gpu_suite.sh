@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [coldrounds] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -75,6 +75,24 @@ if has firstcall; then
         TARGET=$fc_target DTYPE=$fc_dtype ISSUE_ONLY=1 timeout 300 python3 benchmarks/host_overhead.py \
             "examples/$fc_spec.attn" "$fc_shape" 2>&1 | grep -vE "Warning|warn"
     done | tee "$OUT/firstcall_$gpu.txt"
+fi
+
+if has coldrounds; then
+    # The spread of cold first calls: ROUNDS fresh processes a case of COLD_CASES ("SPEC SHAPE
+    # DTYPE TARGET;..."), each on empty caches, cases alternating, with each phase's span
+    # (startup.py phases): what a first call waits for, and what varies between runs
+    unset PYTHONDONTWRITEBYTECODE ATTNCC_AUTOTUNE
+    export PYTHONPYCACHEPREFIX=/tmp/startup_pycache
+    IFS=';' read -ra cold_cases <<< "${COLD_CASES:-causal 2,8,64,64 fp32 auto;causal 2,8,512,128 bf16 auto;causal 1,16,2048,128 bf16 auto}"
+    for round in $(seq "${ROUNDS:-5}"); do
+        for cold_case in "${cold_cases[@]}"; do
+            read -r c_spec c_shape c_dtype c_target <<< "$cold_case"
+            rm -rf /tmp/cold_cache
+            ATTNCC_CACHE_DIR=/tmp/cold_cache/attncc TRITON_CACHE_DIR=/tmp/cold_cache/triton \
+                TARGET=$c_target timeout 300 python3 benchmarks/startup.py "examples/$c_spec.attn" \
+                "cold-$round" phases "shape=$c_shape" "dtype=$c_dtype" 2>&1 | grep -vE "Warning|warn"
+        done
+    done | tee "$OUT/firstcall_rounds_$gpu.txt"
 fi
 
 if has calls; then

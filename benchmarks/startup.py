@@ -3,13 +3,16 @@
 Run twice by gpu_suite.sh: first with empty caches (cold compile, Triton JIT included),
 then warm (a new process reusing the on-disk attncc and Triton caches).
 
-    [TARGET=auto] python3 benchmarks/startup.py SPEC LABEL [profile] [triton-imported]
-        [backward] [shape=B,H:KVH,S,D] [dtype=bf16|fp16|fp32]
-    (profile: cProfile of the timed part; triton-imported: Triton imported before the clock
-    starts, as in a process that already used torch.compile; backward: the inputs require
-    grad and the first backward is timed too (ATTNCC_BACKWARD picks its backend); TARGET:
-    the target compiled for, triton unless set; shape and dtype: the call's, default
-    1,8:2,256,128 bf16)
+    [TARGET=auto] python3 benchmarks/startup.py SPEC LABEL [profile] [phases]
+        [triton-imported] [backward] [shape=B,H:KVH,S,D] [dtype=bf16|fp16|fp32]
+    (profile: cProfile of the timed part; phases: when each phase of it started and how
+    long it took, on the clock of the timed part, the start-up thread's too (``name@thread
+    [start+seconds]``: code generation, module loads, attncc.runtime.triton_warm's thread
+    and the first call's wait for it, Triton's compile and its stages); triton-imported:
+    Triton imported before the clock starts, as in a process that already used
+    torch.compile; backward: the inputs require grad and the first backward is timed too
+    (ATTNCC_BACKWARD picks its backend); TARGET: the target compiled for, triton unless
+    set; shape and dtype: the call's, default 1,8:2,256,128 bf16)
 
 The line printed says where the call's launch configuration came from: "table" (the
 heuristic table, attncc.runtime.heuristics), "tuned" (an `attncc tune` entry) and how many
@@ -58,6 +61,11 @@ if "triton-imported" in flags:
     import triton  # noqa: F401
 
     triton_import = f"(Triton imported first: {time.perf_counter() - before:.2f} s) "
+phases: list[tuple[str, float, float, str]] = []
+if "phases" in flags:
+    from phase_timing import watch_phases
+
+    watch_phases(phases)
 profile = None
 if "profile" in flags:  # where a warm start's time goes: the top entries by cumtime
     import cProfile
@@ -86,6 +94,14 @@ if profile is not None:
     profile.disable()
     pstats.Stats(profile).sort_stats("cumulative").print_stats(45)
     pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+if phases:
+    spans = [
+        f"{name}{'' if thread == 'MainThread' else '@' + thread} "
+        f"[{begin - ready:.2f}+{end - begin:.2f}]"
+        for name, begin, end, thread in sorted(phases, key=lambda phase: phase[1])
+        if end - begin >= 0.01
+    ]
+    print(" | ".join(spans))
 sources = ", ".join(f"{k} {v}" for k, v in kernel.tuner.sources.items() if v) or "module defaults"
 print(
     f"{label} ({kernel.target}, {shape}, {options.get('dtype', 'bf16')}): "

@@ -337,8 +337,6 @@ class Kernel:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._fallback_kernel is None:
             assert self.fallback is not None
-            if torch.cuda.is_available():  # beside the fallback's code generation
-                triton_warm.start()
             self._fallback_kernel = self.fallback()
         key = Plans.key(tensors, params, return_lse, False, stream=False)
         self._falls_back.remember(key, True)

@@ -1,12 +1,14 @@
-"""Triton's one-time start-up work, begun on a thread of its own when a kernel is compiled.
+"""Triton's one-time start-up work, begun on threads of its own when a kernel is compiled.
 
 A process's first Triton launch pays for work that has nothing to do with the kernel:
-building Triton's CUDA helper module (``driver.active``: a C compiler run, 0.39 s on an
-H200 machine with an empty Triton cache), hashing Triton's installation for its cache key
-(``triton_key()``: 0.43 s on an empty attncc cache, attncc.runtime.triton_key) and asking
-ptxas its version. Almost none of it holds the GIL (a child process, file reads, SHA-256 of
-large buffers), so ``start`` runs it beside ``attncc.compile`` and the first call's code
-generation, and ``wait`` joins it before the first launch. Joining first also keeps the two
+importing Triton (0.45 s), building its CUDA helper module (``driver.active``: a C compiler
+run, 0.39 s on an H200 machine with an empty Triton cache), hashing Triton's installation
+for its cache key (``triton_key()``: 0.43 s on an empty attncc cache,
+attncc.runtime.triton_key) and asking ptxas its version. ``start``, called by
+``attncc.compile`` for a kernel that may run Triton (target "triton", or "auto", which hands
+Triton the calls its CUDA kernels cannot take), runs all of it beside the code generation,
+the C build and the hash side by side (neither holds the GIL: a child process, SHA-256 of
+large buffers); ``wait`` joins it before the first launch. Joining first also keeps two
 threads from initialising Triton's driver at once, which would build the helper twice.
 ``ATTNCC_TRITON_WARM=0`` leaves all of it to the first launch.
 """
@@ -44,18 +46,27 @@ def wait() -> None:
 
 def _warm() -> None:
     # Every step is one the first launch takes anyway; one that fails here fails there
-    # again, with Triton's own message, so nothing is reported from this thread.
+    # again, with Triton's own message, so nothing is reported from these threads.
     try:
         import triton.runtime.cache as triton_cache
-        from triton.runtime import driver
 
         from attncc.runtime import triton_key
 
         triton_key.install()
+        # the driver's C build beside the hash: each 0.4 s on an empty cache (H200 machine)
+        driver = threading.Thread(target=_driver, name="attncc-triton-driver", daemon=True)
+        driver.start()
         triton_cache.triton_key()
-        target = driver.active.get_current_target()
-        from triton.compiler.compiler import make_backend
-
-        make_backend(target).hash()  # ptxas --version
+        driver.join()
     except Exception:  # see above
+        pass
+
+
+def _driver() -> None:
+    try:
+        from triton.compiler.compiler import make_backend
+        from triton.runtime import driver
+
+        make_backend(driver.active.get_current_target()).hash()  # and ptxas --version
+    except Exception:  # see _warm
         pass
