@@ -343,8 +343,7 @@ def _prepared(
     attncc's (attncc.runtime.triton_launch: None for an empty grid; a str says why not),
     and whether it moves descriptor maps kept from this call."""
     values, slots = step.values, list(step.slots)
-    signature = getattr(getattr(step.compiled, "src", None), "signature", {})
-    types = [t if isinstance(t, str) else "" for t in signature.values()]  # "": a tuple
+    types = _signature_types(step.compiled)
     metas = tensor_descriptors.metas(step.compiled)
     expanded = tensor_descriptors.expand(metas, values, dict(slots), pointer, types)
     direct: driver.Launch | str | None = None
@@ -364,6 +363,12 @@ def _prepared(
 
     moves = expanded is not None and bool(expanded.maps)
     return triton, direct, moves
+
+
+def _signature_types(compiled: Any) -> list[str]:
+    """Each argument's type in a compiled kernel's signature ("": a tuple's)."""
+    signature = getattr(getattr(compiled, "src", None), "signature", {})
+    return [t if isinstance(t, str) else "" for t in signature.values()]
 
 
 def _direct(
@@ -552,8 +557,7 @@ def _launched_directly(
     if 0 in full_grid:
         return True  # Triton's launcher launches nothing either
     values = [*args, *(kwargs[n] for n in names[len(args) :])]
-    signature = getattr(getattr(compiled, "src", None), "signature", {})
-    types = [t if isinstance(t, str) else "" for t in signature.values()]
+    types = _signature_types(compiled)
     metas = tensor_descriptors.metas(compiled)
     expanded = tensor_descriptors.expand(metas, values, {}, lambda source: 0, types)
     if metas and expanded is None:
