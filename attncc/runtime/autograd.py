@@ -209,16 +209,15 @@ class Backward:
         grads: dict[str, torch.Tensor] = {}
         for (operand, inner), buffer in zip(operands, (dq, dk, dv), strict=True):
             scatter.add(grads, operand, buffer, inner)
+        # each buffer's operand, axes after the batch programs, and whether it sums its rows
+        parts: list[tuple[ir.Operand, tuple[str, ...], bool]] = [
+            (operand, inner, False) for operand, inner in operands
+        ]
         for side, buffer in sides:
-            operand = ir.Operand(side.load.tensor, side.load.indices)
-            if side.carries == "rows_keys":
-                scatter.add(grads, operand, buffer, (rows, keys))
-            elif side.carries == "rows":
-                scatter.add(grads, operand, buffer, (rows,))
-            elif side.carries == "keys":
-                scatter.add(grads, operand, buffer, (keys,))
-            else:
-                scatter.add(grads, operand, buffer.sum(-1), ())
+            side_operand = ir.Operand(side.load.tensor, side.load.indices)
+            side_inner, by_row = _side_frame(side.carries, rows, keys)
+            scatter.add(grads, side_operand, buffer.sum(-1) if by_row else buffer, side_inner)
+            parts.append((side_operand, side_inner, by_row))
         if self.sink_grads:
             d_sink = self._d_sink(sizes, params, tensors, out, lse, dout, flat_dlse)
             for sink in self.sink_grads:
@@ -234,8 +233,8 @@ class Backward:
             for name, need in zip(self.floats, needs, strict=True)
         ]
         if launch is not None and repeat_key is not None and not self.sink_grads:
-            recipes = [(o.tensor, scatter.recipe(o, inner)) for o, inner in operands]
-            taken = tuple((name, r) for name, r in recipes if r is not None)
+            recipes = [(o.tensor, scatter.recipe(o, inner), by_row) for o, inner, by_row in parts]
+            taken = tuple((name, r, by_row) for name, r, by_row in recipes if r is not None)
             if len(taken) == len(recipes):
                 offsets = (out.data_ptr() % 16, dout.data_ptr() % 16)
                 frame = (programs_rows, out.shape, out.stride(), offsets)
@@ -310,8 +309,8 @@ class Backward:
         device: torch.device,
         schedule: tuple[Any, ...],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], Any]:
-        """The backward kernels' buffers (dq, dk, dv, side buffers) and, for a spec without
-        side buffers, a repeat of the call (``_Repeat``'s launch: its buffers, or None). The
+        """The backward kernels' buffers (dq, dk, dv, side buffers) and a repeat of the call
+        (``_Repeat``'s launch: the same buffers, or None; None where nothing was recorded). The
         launches of the first backward of a call geometry are recorded
         (attncc.runtime.triton_plan), later ones replayed through attncc's launcher:
         Backward.run took 325 against 438 us of CPU a call (document mask) and 105 against
@@ -343,7 +342,7 @@ class Backward:
                     self.refusals[key] = refusal or ""
         dq, dk, dv, *sides = replayed
         launch = None
-        if plan is not None and not sides:
+        if plan is not None:
             precision = module._dot_precision(dtype)
 
             def launch(
@@ -415,6 +414,19 @@ class Backward:
         return -(p_sink * delta).sum(-1)
 
 
+def _side_frame(carries: str, rows: str, keys: str) -> tuple[tuple[str, ...], bool]:
+    """A side buffer's axes after the batch programs' (which of the query and key indexes
+    the side input reads), and whether it is summed over the rows first (it reads neither:
+    the buffer holds a value a row)."""
+    if carries == "rows_keys":
+        return (rows, keys), False
+    if carries == "rows":
+        return (rows,), False
+    if carries == "keys":
+        return (keys,), False
+    return (), True
+
+
 class _Repeat:
     """A backward for repeated calls of its geometry (Backward.run's key, the needed
     gradients, the backend asked for): its launches (``launch``: the sm_90a backward's
@@ -424,15 +436,17 @@ class _Repeat:
     again (Backward.run took 200-230 us of CPU a call before, at causal 1,16,2048,128 and
     2,8,512,128 bf16, H200, benchmarks/backward_host.py). The output's and dO's alignment
     are the recorded call's (a backend's choice and Triton's specialization follow them).
-    Not recorded: the Triton backward of a spec with side inputs (their buffers go through
-    the general scatter) and specs with sinks. Returns None, having launched nothing, for a
-    call it does not fit: the full path takes it."""
+    The Triton backward's side buffers (a side input's gradient) take recipes too, summed
+    over the rows first where the side input reads neither rows nor keys (ALiBi's slopes).
+    Not recorded: a side input whose subscripts need the general scatter (a relative bias
+    gathered by an index expression) and specs with sinks. Returns None, having launched
+    nothing, for a call it does not fit: the full path takes it."""
 
     def __init__(
         self,
         launch: Any,
         frame: tuple[Any, ...],
-        operands: tuple[tuple[str, Recipe], ...],
+        operands: tuple[tuple[str, Recipe, bool], ...],
         floats: tuple[str, ...],
         needs: tuple[bool, ...],
         backend: str,
@@ -465,8 +479,8 @@ class _Repeat:
         if buffers is None:
             return None
         grads: dict[str, torch.Tensor] = {}
-        for (name, recipe), buffer in zip(self.operands, buffers, strict=True):
-            gradient = recipe(buffer)
+        for (name, recipe, by_row), buffer in zip(self.operands, buffers, strict=True):
+            gradient = recipe(buffer.sum(-1) if by_row else buffer)
             grads[name] = grads[name] + gradient if name in grads else gradient
         return [
             tensors[name].new_empty(0)

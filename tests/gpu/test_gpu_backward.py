@@ -231,6 +231,42 @@ def test_the_sm90a_backward_in_a_cuda_graph(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["alibi", "bias"])
+def test_a_repeated_backward_with_side_gradients_replays(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A side input requiring grad (ALiBi's learnt slopes, a bias) takes the Triton
+    backward; a repeat of it replays the recorded launches and the side buffers' recipes,
+    and gives the first call's gradients (each within one bf16 step of its largest)."""
+    monkeypatch.setenv("ATTNCC_TARGET", "auto")  # the suite's default is triton
+    kernel = attncc.compile(EXAMPLES / f"{name}.attn")
+    given, params = draw(name, 1, 4, 1024, 128, torch.bfloat16, "cuda")
+    leaves = {n: t.clone().requires_grad_(t.is_floating_point()) for n, t in given.items()}
+    out = kernel(**leaves, **params)
+    grad = torch.randn_like(out)
+    inputs = [t for t in leaves.values() if t.requires_grad]
+    assert len(inputs) == 4
+    first = torch.autograd.grad(out, inputs, grad, retain_graph=True)
+    backward = kernel._backward
+    assert isinstance(backward, autograd.Backward) and len(backward._repeats) == 1
+    replayed: list[bool] = []
+    replay = autograd._Repeat.__call__
+
+    def noted(self: autograd._Repeat, *args: Any) -> Any:
+        result = replay(self, *args)
+        replayed.append(result is not None)
+        return result
+
+    monkeypatch.setattr(autograd._Repeat, "__call__", noted)
+    second = torch.autograd.grad(out, inputs, grad, retain_graph=True)
+    assert replayed == [True]
+    assert autograd.last_backend().startswith("triton"), autograd.last_backend()
+    for got, want in zip(second, first, strict=True):
+        step = want.abs().max().item() * 2**-7
+        assert (got.float() - want.float()).abs().max().item() <= step
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("name", ["causal", "gqa_causal", "document_mask"])
 def test_a_repeated_backward_takes_its_recorded_call(

@@ -220,21 +220,25 @@ def note_replays(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return replayed
 
 
-@pytest.mark.parametrize("name", ["causal", "gqa_causal", "document_mask"])
+@pytest.mark.parametrize("name", ["causal", "gqa_causal", "document_mask", "alibi", "bias"])
 def test_a_repeated_backward_replays_its_call(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A backward like an earlier one replays its recorded call (Backward's repeats) and
     gives what the full path gives, bit for bit (the Triton backward adds in a fixed
     order): on new data, with new document ids (the live tiles come from the call's own
-    data, never the recorded call's), and with a dO of other strides (the full path)."""
+    data, never the recorded call's), and with a dO of other strides (the full path). Side
+    inputs' gradients too: ALiBi's learnt slopes (a value a row, summed), a bias's."""
     kernel = attncc.compile(EXAMPLES / f"{name}.attn", target="triton", schedule="fused")
     backward = kernel._backward
     assert isinstance(backward, autograd.Backward)
     first, params = draw(name, 1, 4, 40, 16, torch.float32, "cpu")
 
     def gradients(given: dict[str, torch.Tensor], dout: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        leaves = [given[n].clone().requires_grad_(True) for n in ("q", "k", "v")]
-        extra = {n: t for n, t in given.items() if n not in ("q", "k", "v")}
-        out = kernel(*leaves, **extra, **params)
+        inputs = {
+            n: t.clone().requires_grad_(True) if t.is_floating_point() else t
+            for n, t in given.items()
+        }
+        out = kernel(**inputs, **params)
+        leaves = [t for t in inputs.values() if t.requires_grad]
         return torch.autograd.grad(out, leaves, dout)
 
     def full_path(given: dict[str, torch.Tensor], dout: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -258,6 +262,20 @@ def test_a_repeated_backward_replays_its_call(name: str, monkeypatch: pytest.Mon
         for got, want in zip(repeated, full_path(second, dout_now), strict=True):
             assert torch.equal(got, want)
     assert replayed == [True, False]  # the transposed dO: the full path
+
+
+def test_a_side_input_the_general_scatter_takes_is_not_recorded() -> None:
+    """A relative bias read through an index expression (rel[h, m - n + ...]) has no
+    recipe: its backward keeps the full path every call."""
+    kernel = attncc.compile(EXAMPLES / "relative_bias.attn", target="triton", schedule="fused")
+    backward = kernel._backward
+    assert isinstance(backward, autograd.Backward)
+    given, params = draw("relative_bias", 1, 4, 24, 16, torch.float32, "cpu")
+    for _ in range(2):
+        leaves = {n: t.clone().requires_grad_(t.is_floating_point()) for n, t in given.items()}
+        kernel(**leaves, **params).sum().backward()
+        assert leaves["rel"].grad is not None and leaves["rel"].grad.abs().sum() > 0
+    assert len(backward._repeats) == 0
 
 
 @pytest.mark.parametrize("name", NAMES)
