@@ -111,3 +111,18 @@ def gradient_verdicts(
             terms.get(tensor, 1),
         )
     return verdicts
+
+
+def note_replays(monkeypatch: Any) -> list[bool]:
+    """Whether each recorded backward a call found replayed (True) or left the call to the
+    full path (False), in order (``monkeypatch``: pytest's, patching ``_Repeat``)."""
+    replayed: list[bool] = []
+    replay = autograd._Repeat.__call__
+
+    def noted(self: autograd._Repeat, *args: Any) -> Any:
+        result = replay(self, *args)
+        replayed.append(result is not None)
+        return result
+
+    monkeypatch.setattr(autograd._Repeat, "__call__", noted)
+    return replayed

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from grad_cases import EXAMPLES, NAMES, draw, gradient_verdicts
+from grad_cases import EXAMPLES, NAMES, draw, gradient_verdicts, note_replays
 from torch.utils.checkpoint import checkpoint
 
 import attncc
@@ -249,15 +249,7 @@ def test_a_repeated_backward_with_side_gradients_replays(
     first = torch.autograd.grad(out, inputs, grad, retain_graph=True)
     backward = kernel._backward
     assert isinstance(backward, autograd.Backward) and len(backward._repeats) == 1
-    replayed: list[bool] = []
-    replay = autograd._Repeat.__call__
-
-    def noted(self: autograd._Repeat, *args: Any) -> Any:
-        result = replay(self, *args)
-        replayed.append(result is not None)
-        return result
-
-    monkeypatch.setattr(autograd._Repeat, "__call__", noted)
+    replayed = note_replays(monkeypatch)
     second = torch.autograd.grad(out, inputs, grad, retain_graph=True)
     assert replayed == [True]
     assert autograd.last_backend().startswith("triton"), autograd.last_backend()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from grad_cases import EXAMPLES, NAMES, draw, gradient_verdicts
+from grad_cases import EXAMPLES, NAMES, draw, gradient_verdicts, note_replays
 
 import attncc
 from attncc.runtime import autograd, gradients
@@ -203,21 +203,6 @@ def test_a_recipe_gives_the_general_scatters_gradient(name: str) -> None:
         patch.setattr(gradients.Scatter, "recipe", lambda *_: None)
         scatter.add(general, k.key, buffer, inner)
     torch.testing.assert_close(recipe(buffer), general[k.key.tensor], rtol=1e-6, atol=1e-6)
-
-
-def note_replays(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each recorded backward a call found replayed (True) or left the call to the
-    full path (False), in order."""
-    replayed: list[bool] = []
-    replay = autograd._Repeat.__call__
-
-    def noted(self: autograd._Repeat, *args: Any) -> Any:
-        result = replay(self, *args)
-        replayed.append(result is not None)
-        return result
-
-    monkeypatch.setattr(autograd._Repeat, "__call__", noted)
-    return replayed
 
 
 @pytest.mark.parametrize("name", ["causal", "gqa_causal", "document_mask", "alibi", "bias"])
