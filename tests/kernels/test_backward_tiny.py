@@ -351,3 +351,52 @@ def test_a_repeated_backward_follows_the_fp32_product_setting(
     monkeypatch.setattr(module, "_dot_precision", other)
     step()
     assert replayed == [True, False]
+
+
+# side inputs of each kind a side buffer takes: per score with an axis the input lacks
+# (summed over the batch), per key, per row
+_SIDE_SPECS = {
+    "bias_per_head": ("bias[H, M, N]", "s = s + bias[h, m, n]", (2, 20, 24)),
+    "key_bias": ("kb[B, N]", "s = s + kb[b, n]", (2, 24)),
+    "row_scale": ("t[B, H, M]", "s = s * t[b, h, m]", (2, 2, 20)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SIDE_SPECS))
+@pytest.mark.parametrize("side_only", [False, True])
+def test_a_repeated_backward_of_each_kind_of_side_input(name: str, side_only: bool) -> None:
+    """A repeated backward's side gradients, whichever of rows and keys the side input
+    reads, equal the full path's bit for bit; with only the side input requiring grad
+    too (a call geometry of its own)."""
+    declaration, line, shape = _SIDE_SPECS[name]
+    text = (
+        f"attention {name}\ndims  B, H, M, N, D\nin    q[B, H, M, D]\nin    k[B, H, N, D]\n"
+        f"in    v[B, H, N, D]\nin    {declaration}\n"
+        "s[b, h, m, n] = q[b, h, m, d] * k[b, h, n, d] / sqrt(D)\n"
+        f"{line}\np = softmax(s, n)\no[b, h, m, d] = p[b, h, m, n] * v[b, h, n, d]\nout o\n"
+    )
+    kernel = attncc.compile(text, target="triton", schedule="fused")
+    gen = torch.Generator().manual_seed(3)
+    shapes = {"q": (2, 2, 20, 16), "k": (2, 2, 24, 16), "v": (2, 2, 24, 16)}
+    side = kernel.input_names[3]
+    given = {n: torch.randn(shapes.get(n, shape), generator=gen) for n in kernel.input_names}
+    dout = torch.randn(2, 2, 20, 16, generator=gen)
+
+    def gradients() -> tuple[torch.Tensor, ...]:
+        leaves = {n: t.clone().requires_grad_(n == side or not side_only) for n, t in given.items()}
+        needed = [t for t in leaves.values() if t.requires_grad]
+        return torch.autograd.grad(kernel(**leaves), needed, dout)
+
+    gradients()
+    monkeypatch = pytest.MonkeyPatch()
+    replayed = note_replays(monkeypatch)
+    try:
+        repeated = gradients()
+    finally:
+        monkeypatch.undo()
+    assert replayed == [True]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(autograd._Repeat, "__call__", lambda *_: None)
+        full = gradients()
+    for got, want in zip(repeated, full, strict=True):
+        assert torch.equal(got, want)
