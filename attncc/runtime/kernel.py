@@ -83,8 +83,6 @@ class Kernel:
         self._host = self.module(interpreted=False)
         if torch.cuda.is_available():  # GPU launches go through attncc's C launcher
             native.build_in_background()
-            if self.target == "triton":
-                triton_warm.start()
         permutation = tuple(self._host._LSE_PERMUTATION)
         identity = permutation == tuple(range(len(permutation)))
         self._lse_permutation = None if identity else permutation
