@@ -3,6 +3,7 @@ tuning candidate on the benchmark matrix's Triton cases (GPU)?
 
     python3 benchmarks/heuristic_check.py [--cases "SPEC[ SHAPE];..."] [--quick]
                                           [--dtype bf16] [--rounds 2] [--json FILE]
+                                          [--extra "64x32/w4/s3;..."] [--graphed]
 
 Per case (a spec of examples/ on one shape, the Triton target): the configuration the call
 runs with when nothing was tuned (``ATTNCC_AUTOTUNE=0``: the checked-in table of
@@ -14,7 +15,10 @@ replays over cold input copies, prefill with do_bench), in ``--rounds`` alternat
 after an untimed one, each keeping its best (``attncc.bench.time_rounds``). A candidate that
 cannot run on this GPU is skipped, as tuning skips it. The line per case gives the table's
 configuration and time, the best candidate's, table / best, and MISS above 1.10; the last
-line the worst ratio and the number of misses. ``--json`` appends a line per case as it
+line the worst ratio and the number of misses. ``--extra`` times more configurations beside
+the candidates (a table row to be, before tuning tries it); ``--graphed`` times prefill as
+CUDA-graph replays too: a forced configuration takes the full path, whose host work hides
+the kernel's time at small shapes. ``--json`` appends a line per case as it
 finishes (a run cut short keeps what it measured).
 
 Default cases: the matrix's bf16 Triton prefill variants at S=4096, D=128 (its FP8 column's
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -97,17 +102,37 @@ def select(text: str | None, quick: bool) -> list[tuple[str, str]]:
     return chosen
 
 
-def check_case(spec: str, shape_text: str, dtype_name: str, rounds: int) -> dict[str, Any]:
-    """One case's row (see the module's docstring); raises on an error of the case itself."""
+def parse_config(text: str) -> dict[str, int]:
+    """A configuration from its one word (``describe``'s ``64x32/w4/s3[/tma][/x2]``)."""
+    found = re.fullmatch(r"(\d+)x(\d+)/w(\d+)/s(\d+)(/tma)?(?:/x(\d+))?", text.strip())
+    if not found:
+        raise SystemExit(f"--extra: expected a configuration like 64x32/w4/s3[/tma], got {text!r}")
+    m, n, warps, stages, tma, waves = found.groups()
+    config = {"BLOCK_M": int(m), "BLOCK_N": int(n), "num_warps": int(warps)}
+    config |= {"num_stages": int(stages), "tma": int(bool(tma))}
+    return config | ({"waves": int(waves)} if waves else {})
+
+
+def check_case(
+    spec: str,
+    shape_text: str,
+    dtype_name: str,
+    rounds: int,
+    extra: Sequence[dict[str, int]] = (),
+    graphed: bool = False,
+) -> dict[str, Any]:
+    """One case's row (see the module's docstring); raises on an error of the case itself.
+    ``extra`` configurations are timed beside the tuning candidates and may be the best;
+    ``graphed`` times prefill as decode is timed (GPU time alone)."""
     dtype = DTYPES[dtype_name]
     kernel = attncc.compile(EXAMPLES / f"{spec}.attn", target="triton")
     sizes = sizes_for(kernel.ir, Shape.parse(shape_text))
     inputs = bench_inputs(kernel.ir, sizes, dtype, documents=4, device=DEVICE)
     params = kernel.param_defaults(sizes)
     table = kernel.launch_config(*(inputs[name] for name in kernel.input_names))
-    candidates = kernel.tuner.candidates(sizes)
+    candidates = [*kernel.tuner.candidates(sizes, dtype), *extra]
     # split-KV calls are timed as the tuner times them: graphed, over cold copies
-    graphed = heuristics.splits(kernel.ir, sizes)
+    graphed = graphed or bool(heuristics.splits(kernel.ir, sizes))
     copies = cold_copies(inputs) if graphed and DEVICE == "cuda" else [inputs]
     module = kernel.module(interpreted=DEVICE != "cuda")
 
@@ -185,6 +210,15 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds (after one untimed)")
     parser.add_argument("--json", help="append one JSON line per case")
+    parser.add_argument(
+        "--graphed",
+        action="store_true",
+        help="time prefill in CUDA-graph replays: kernel time without the forced config's "
+        "host work (its full path: small shapes are host-bound)",
+    )
+    parser.add_argument(
+        "--extra", help='configurations to time beside the candidates: "64x32/w4/s3;..."'
+    )
     return parser.parse_args(argv)
 
 
@@ -194,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
         return 2
     cases = select(args.cases, args.quick)
+    extra = [parse_config(t) for t in (args.extra or "").split(";") if t.strip()]
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("error: heuristic_check.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -203,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for spec, shape in cases:
         try:
-            row = check_case(spec, shape, args.dtype, args.rounds)
+            row = check_case(spec, shape, args.dtype, args.rounds, extra, args.graphed)
         except Exception as err:
             traceback.print_exc(limit=3)
             row = {"spec": spec, "shape": shape, "dtype": args.dtype}

@@ -72,7 +72,7 @@ def test_table_slower_than_best_by_more_than_10_percent_is_a_miss(
     assert row["best"] == {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "tma": 1}
     assert row["ratio"] == pytest.approx(1.5) and row["miss"] is True
     assert row["table_is_candidate"] is False and not row["failed"]
-    assert len(row["times"]) == 8  # every tuning candidate timed
+    assert len(row["times"]) == 8 + 2  # every tuning candidate timed (float32: two more)
     out = capsys.readouterr().out
     assert f"table {TABLE} 1200.0 us | best {BEST} 800.0 us | table/best 1.500 MISS" in out
     assert "worst table/best 1.500 (causal 1,2,128,16); 1 MISS of 1 cases" in out
@@ -86,6 +86,37 @@ def test_table_within_10_percent_is_no_miss(
     assert code == 0 and row["ratio"] == pytest.approx(1.05) and row["miss"] is False
     out = capsys.readouterr().out
     assert "table/best 1.050\n" in out and "0 MISS of 1 cases" in out
+
+
+def test_an_extra_configuration_is_timed_and_may_be_the_best(
+    script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    extra = "32x32/w4/s2"
+    monkeypatch.setattr(script, "prepare_config", fake_timing(script, {TABLE: 1.0, extra: 0.5}))
+    code, (row,) = run(script, tmp_path, "--rounds", "1", "--extra", f"{extra};64x32/w4/s3/tma")
+    assert code == 0 and len(row["times"]) == 10 + 2
+    assert row["best_config"] == extra and row["ratio"] == pytest.approx(2.0)
+    assert row["best"] == {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "tma": 0}
+    with pytest.raises(SystemExit, match="--extra: expected"):
+        script.parse_config("32x32")
+
+
+def test_graphed_times_prefill_as_graph_replays(
+    script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    timed = fake_timing(script, {})
+    seen: list[bool] = []
+
+    def prepare(*args: Any) -> tuple[torch.Tensor, Callable[[], float]]:
+        seen.append(args[5])
+        return timed(*args)
+
+    monkeypatch.setattr(script, "prepare_config", prepare)
+    run(script, tmp_path, "--rounds", "1")
+    assert seen and not any(seen)  # prefill: do_bench of eager calls by default
+    seen.clear()
+    run(script, tmp_path, "--rounds", "1", "--graphed")
+    assert seen and all(seen)
 
 
 def test_a_candidate_whose_output_differs_is_an_error_row(
