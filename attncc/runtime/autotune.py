@@ -40,6 +40,12 @@ PREFILL_CANDIDATES = (
     TileConfig(128, 64, 4, 3, tma=True),
     TileConfig(64, 128, 4, 3, tma=True),
 )
+# float32 prefill tries these too: its best tiles are narrower (32 query rows) than the
+# 16-bit ones (H200, `heuristic_check.py --graphed --dtype fp32`; attncc.runtime.heuristics)
+FP32_PREFILL_CANDIDATES = (
+    TileConfig(32, 64, 4, 3),
+    TileConfig(32, 32, 4, 3),
+)
 # split-KV (decode): tile and `waves`, how many times over the key-axis splits fill the GPU
 SPLIT_CANDIDATES = (
     (TileConfig(16, 64, 4, 3), 1),
@@ -188,7 +194,9 @@ class Tuner:
             if isinstance(stored, dict):
                 found = stored
             elif how == "tune" and (device.type == "cuda" or self._injected):
-                found = self._tune(module, tensors, params, return_lse, self.candidates(sizes))
+                found = self._tune(
+                    module, tensors, params, return_lse, self.candidates(sizes, dtype)
+                )
                 self._store(key, found)
         if found is not None:
             self.sources["tuned"] += 1
@@ -209,11 +217,14 @@ class Tuner:
         such call yet, or a pinned tiling); looks up, never tunes."""
         return self._by_shapes.get(_shapes(tensors, return_lse))
 
-    def candidates(self, sizes: dict[str, int]) -> list[dict[str, int]]:
-        """The launch configurations tuning tries for calls of these sizes."""
+    def candidates(
+        self, sizes: dict[str, int], dtype: torch.dtype | None = None
+    ) -> list[dict[str, int]]:
+        """The launch configurations tuning tries for calls of these sizes and dtype."""
         if heuristics.splits(self.kernel, sizes):
             return [_as_launch(tile, waves=waves) for tile, waves in SPLIT_CANDIDATES]
-        return [_as_launch(tile, tma=int(tile.tma)) for tile in PREFILL_CANDIDATES]
+        tiles = [*PREFILL_CANDIDATES, *(FP32_PREFILL_CANDIDATES if dtype == torch.float32 else ())]
+        return [_as_launch(tile, tma=int(tile.tma)) for tile in tiles]
 
     def tune(
         self,
@@ -226,7 +237,7 @@ class Tuner:
         tuning key and the pick. Always times, even where an entry exists."""
         sizes, dtype, device = module._check(tensors, params)
         key = self.key(sizes, dtype, device)
-        best = self._tune(module, tensors, params, False, self.candidates(sizes), progress)
+        best = self._tune(module, tensors, params, False, self.candidates(sizes, dtype), progress)
         self._store(key, best)
         return key, best
 
@@ -235,9 +246,9 @@ class Tuner:
     ) -> int:
         """Launch every candidate once, untimed: their compiles land in Triton's disk cache,
         so a later tuning (another process) only times them. Returns how many ran."""
-        sizes = module._check(tensors, params)[0]
+        sizes, dtype, _ = module._check(tensors, params)
         ran = 0
-        for launch in self.candidates(sizes):
+        for launch in self.candidates(sizes, dtype):
             try:
                 module._forward(tensors, params, return_lse, launch)
                 ran += 1

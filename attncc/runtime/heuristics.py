@@ -7,8 +7,9 @@ on an H100 and over 200 s with a per-head input on an H200); ``attncc tune`` wri
 entries that later calls prefer (attncc.runtime.autotune).
 
 The 16-bit sm_90 rows are the tuner's picks from the sweeps and matrices already run (each
-row names its measurement), and the FP8 row at head dim 128 the best of an FP8 tile sweep;
-other FP8 rows are the 16-bit ones. float32 rows, and the sm_80 / other rows, were never measured:
+row names its measurement), the FP8 row at head dim 128 the best of an FP8 tile sweep, and the
+float32 fused rows at head dims 64 and 128 the best of a float32 tile sweep; other FP8 and
+float32 rows are the 16-bit ones. The sm_80 / other rows were never measured:
 they are the sm_90 16-bit tile (without TMA where the GPU has none) shrunk until it fits that
 arch's shared memory, by the same estimate and steps the generated host's default used.
 """
@@ -97,6 +98,21 @@ _SM90_FP8: tuple[tuple[str, int, int, Entry], ...] = (
 )
 
 
+# sm_90, float32 inputs (exact products as tf32x3 unless TF32 is allowed): the best of each
+# case's tuning candidates and smaller tiles, timed as CUDA-graph replays (H200,
+# `heuristic_check.py --graphed --dtype fp32 --extra ...`, docs/performance.md "fp32 tiles").
+# The 16-bit rows' 64 x 64 tiles, shrunk, ran 1.2-1.6x the best there.
+_SM90_FP32: tuple[tuple[str, int, int, Entry], ...] = (
+    # Head dim 64: 32x64 w4 s3 the best of causal at 64-2048 tokens (2,8,2048,64: 245.8 us
+    # against 317.3 for 64x64 TMA) and of full at 512; full at 2048 ran 390.5 against
+    # 128x64 w8's 332.4 (a key bucket holds both masks: causal's pick).
+    ("fused", 64, 0, Entry(TileConfig(32, 64, 4, 3))),
+    # Head dim 128: 32x32 w4 s3 the best of causal at 512 and 2048 tokens (524.0 us against
+    # 753.9 for 64x64 TMA with 2 stages at 2,8,2048,128).
+    ("fused", 128, 0, Entry(TileConfig(32, 32, 4, 3))),
+)
+
+
 def estimate_bytes(tile: TileConfig, head_dim: int, value_dim: int, itemsize: int) -> int:
     """The generated host's shared-memory estimate: Q once, K and V per stage, and a quarter
     on top for layout conversions."""
@@ -124,15 +140,23 @@ def fit(tile: TileConfig, head_dim: int, value_dim: int, itemsize: int, limit: i
     return tile
 
 
-def _rule(rows: tuple[tuple[str, int, int, Entry], ...], schedule: str, d: int, n: int) -> Entry:
+def _rule(
+    own: tuple[tuple[str, int, int, Entry], ...],
+    rows: tuple[tuple[str, int, int, Entry], ...],
+    schedule: str,
+    d: int,
+    n: int,
+) -> Entry:
     """The most specific row for (schedule, head-dim bucket, length bucket): the smallest
-    head-dim bound covering ``d``, then a row of length ``n`` over an any-length row."""
+    head-dim bound covering ``d``, a row of the dtype's ``own`` there over the shared
+    ``rows``, then a row of length ``n`` over an any-length row."""
     for bound in HEAD_DIM_BUCKETS:
         if bound < d:
             continue
-        found = [r for r in rows if r[0] == schedule and r[1] == bound and r[2] in (n, 0)]
-        if found:
-            return max(found, key=lambda r: r[2] == n)[3]
+        for table in (own, rows):
+            found = [r for r in table if r[0] == schedule and r[1] == bound and r[2] in (n, 0)]
+            if found:
+                return max(found, key=lambda r: r[2] == n)[3]
     raise KeyError((schedule, d, n))
 
 
@@ -145,6 +169,10 @@ def _cpu_entry(schedule: str, d: int) -> Entry:
     return Entry(replace(tile, tma=tile.tma and schedule == "fused"))
 
 
+# the rows a dtype takes before the 16-bit ones (those where it differs)
+_ROWS = {"float8_e4m3fn": _SM90_FP8, "float32": _SM90_FP32}
+
+
 def _build() -> dict[Key, Entry]:
     table: dict[Key, Entry] = {}
     for arch in ARCHS:
@@ -155,8 +183,7 @@ def _build() -> dict[Key, Entry]:
                         if arch == "cpu":
                             table[arch, schedule, d, dtype, n] = _cpu_entry(schedule, d)
                             continue
-                        rows = _SM90_FP8 + _SM90_16BIT if dtype == "float8_e4m3fn" else _SM90_16BIT
-                        entry = _rule(rows, schedule, d, n)
+                        entry = _rule(_ROWS.get(dtype, ()), _SM90_16BIT, schedule, d, n)
                         tile = entry.tile if arch == "sm90" else replace(entry.tile, tma=False)
                         tile = fit(tile, d, d, ITEMSIZE[dtype], SHARED_MEMORY[arch])
                         table[arch, schedule, d, dtype, n] = replace(entry, tile=tile)

@@ -19,7 +19,12 @@ import torch
 import attncc
 from attncc.cache import atomic_write, content_key
 from attncc.runtime import heuristics
-from attncc.runtime.autotune import PREFILL_CANDIDATES, TUNING_ROUNDS, Tuner
+from attncc.runtime.autotune import (
+    FP32_PREFILL_CANDIDATES,
+    PREFILL_CANDIDATES,
+    TUNING_ROUNDS,
+    Tuner,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -94,6 +99,10 @@ class FakeTimer:
         return 1.0 if config["BLOCK_N"] == 128 and config["num_warps"] == 8 else 2.0
 
 
+# the inputs below are float32: tuning tries its narrow tiles too
+FP32_CANDIDATES = len(PREFILL_CANDIDATES) + len(FP32_PREFILL_CANDIDATES)
+
+
 def _inputs(length: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(length)
     q = torch.randn(1, 2, length, 32, generator=gen)
@@ -109,11 +118,11 @@ def test_tuning_runs_once_and_a_new_process_reuses_it() -> None:
     chosen = tuner.config(module, _inputs(40), {}, False)
     timed = timer.calls
     assert tuner.chosen(_inputs(40), False) == chosen and timer.calls == timed  # a lookup
-    assert timer.calls == TUNING_ROUNDS * len(PREFILL_CANDIDATES) and tuner.tuned == 1
+    assert timer.calls == TUNING_ROUNDS * FP32_CANDIDATES and tuner.tuned == 1
     assert chosen == {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "tma": 1}
     assert tuner.config(module, _inputs(40), {}, False) == chosen  # same shapes: a lookup
     assert tuner.config(module, _inputs(50), {}, False) == chosen  # same length bucket
-    assert tuner.tuned == 1 and timer.calls == TUNING_ROUNDS * len(PREFILL_CANDIDATES)
+    assert tuner.tuned == 1 and timer.calls == TUNING_ROUNDS * FP32_CANDIDATES
     # a new process (a fresh tuner) finds the result on disk and does not tune
     fresh_timer = FakeTimer()
     fresh = Tuner(kernel.ir, kernel.path.stem, fresh_timer)
@@ -160,6 +169,18 @@ def test_each_candidate_keeps_its_best_round() -> None:
     chosen = tuner.config(kernel.module(True), _inputs(40), {}, False)
     assert chosen == tuner.candidates({"M": 40, "N": 40, "D": 32})[0]
     assert sum(seen) == TUNING_ROUNDS
+
+
+def test_float32_prefill_also_tries_narrow_tiles() -> None:
+    tuner = Tuner(attncc.compile(EXAMPLES / "causal.attn").ir, "causal", FakeTimer())
+    sizes = {"B": 1, "H": 2, "M": 40, "N": 40, "D": 32}
+    half = tuner.candidates(sizes, torch.float16)
+    single = tuner.candidates(sizes, torch.float32)
+    assert single[: len(half)] == half and len(single) == len(half) + 2
+    assert {(c["BLOCK_M"], c["BLOCK_N"]) for c in single[len(half) :]} == {(32, 64), (32, 32)}
+    decode = Tuner(attncc.compile(EXAMPLES / "decode.attn").ir, "decode", FakeTimer())
+    one_query = {dim: 16 for dim in decode.kernel.dims}
+    assert decode.candidates(one_query, torch.float32) == decode.candidates(one_query)
 
 
 def test_configurations_that_fail_are_skipped() -> None:
@@ -217,8 +238,9 @@ def test_warming_launches_every_candidate_once_and_times_nothing() -> None:
     tuner = Tuner(kernel.ir, kernel.path.stem, timer)
     module = RecordingModule(kernel.module(interpreted=True))
     ran = tuner.warm(module, _inputs(40), {}, False)  # type: ignore[arg-type]
-    expected = [c for c in tuner.candidates({"M": 40, "N": 40, "B": 1, "H": 2, "D": 32})]
-    assert len(expected) == len(PREFILL_CANDIDATES)
+    sizes = {"M": 40, "N": 40, "B": 1, "H": 2, "D": 32}
+    expected = tuner.candidates(sizes, torch.float32)
+    assert len(expected) == FP32_CANDIDATES
     assert module.launches == [c for c in expected if c["BLOCK_M"] != 128]
     assert ran == len(module.launches) > 0
     assert timer.calls == 0 and tuner.tuned == 0 and not tuner.path.exists()

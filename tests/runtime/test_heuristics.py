@@ -117,6 +117,24 @@ def test_the_lookup_drops_tma_under_a_tile_index_and_fits_large_head_dims() -> N
     assert heuristics.estimate_bytes(tile, 1024, 1024, 2) <= 227 * 1024
 
 
+def test_float32_takes_its_measured_rows_at_every_length() -> None:
+    """float32 fused calls at head dims 64 and 128 take the float32 sweep's tiles (no TMA),
+    at every key length: the 16-bit row for 16k keys does not outrank them."""
+    for n in LENGTH_BUCKETS:
+        assert TABLE["sm90", "fused", 64, "float32", n].launch() == {
+            "BLOCK_M": 32,
+            "BLOCK_N": 64,
+            "num_warps": 4,
+            "num_stages": 3,
+            "tma": 0,
+        }
+        tile = TABLE["sm90", "fused", 128, "float32", n].tile
+        assert (tile.block_m, tile.block_n, tile.num_stages, tile.tma) == (32, 32, 3, False)
+    # other schedules and head dim 256 keep the 16-bit rows, fitted to float32's bytes
+    assert TABLE["sm90", "split_kv", 128, "float32", 8192].waves == 1
+    assert TABLE["sm90", "fused", 256, "float32", 1024].tile.block_m == 64
+
+
 def test_fp8_kernels_take_their_own_rows() -> None:
     """An FP8 kernel's calls output bfloat16; the table keys them by their e4m3 inputs, whose
     tiles take half the shared memory (FP8 P·V wants wider key tiles than bfloat16)."""

@@ -14,7 +14,12 @@ import attncc
 from attncc.bench import Shape
 from attncc.cli import main
 from attncc.runtime import autotune, heuristics
-from attncc.runtime.autotune import PREFILL_CANDIDATES, TUNING_ROUNDS, tune_shapes
+from attncc.runtime.autotune import (
+    FP32_PREFILL_CANDIDATES,
+    PREFILL_CANDIDATES,
+    TUNING_ROUNDS,
+    tune_shapes,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CAUSAL = EXAMPLES / "causal.attn"
@@ -56,7 +61,7 @@ def test_tune_writes_the_entry_later_calls_read() -> None:
     assert shape == "B=1 H=2 S=40 D=32" and best["BLOCK_N"] == 128 and best["num_warps"] == 8
     assert key.startswith("cpu|triton ") and "float32" in key and "D=32" in key
     # the bar: one line, rewritten per candidate, ending at the pick
-    total = TUNING_ROUNDS * len(PREFILL_CANDIDATES)
+    total = TUNING_ROUNDS * (len(PREFILL_CANDIDATES) + len(FP32_PREFILL_CANDIDATES))  # float32
     assert bar.getvalue().count("\r") == total + 1 and bar.getvalue().endswith("\n")
     assert f"tuning B=1 H=2 S=40 D=32 {total}/{total} [{'=' * 20}] 128x128/w8/s3" in bar.getvalue()
 
