@@ -514,6 +514,28 @@ def test_wgmma_copies_take_config_and_fall_back_to_cp_async(
     assert module._key_tile_maps(tensors, sizes, 128) is None
 
 
+@pytest.mark.parametrize(
+    ("programs", "rows", "tiles"),
+    [
+        # (B x H, query rows): the H200 A/B's shapes and which tiles ran faster there
+        (16, 512, "single"),
+        (16, 1024, "single"),
+        (16, 2048, "single"),
+        (16, 3072, "narrow"),  # 256 items of 192 rows: two rounds; of 64 rows: three
+        (64, 4096, "narrow"),
+        (1, 64, "single"),
+    ],
+)
+def test_head_dim_64_takes_one_mma_group_where_its_items_fill_the_gpu_sooner(
+    monkeypatch: pytest.MonkeyPatch, programs: int, rows: int, tiles: str
+) -> None:
+    causal = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
+    monkeypatch.setattr(causal, "_multiprocessors", lambda device: 132)
+    expected = causal._WGMMA_TILES_SINGLE if tiles == "single" else causal._WGMMA_TILES_NARROW
+    assert causal._narrow_or_single(rows, programs, None) == expected
+    assert causal._WGMMA_TILES_SINGLE == (2, 4, 128, 0)  # one group: no ping-pong partner
+
+
 def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sm_90a tiles the host picks: two MMA groups with ping-pong, three on 192-row tiles
     for head dims up to 64 (their register budget holds only narrow outputs), with a tile
