@@ -427,10 +427,13 @@ if has heuristic; then
     # variants at 4k (D=128) and its decode cases, outputs checked against the table's; MISS
     # where the table is over 10% slower. One process, HEURISTIC_TIMEOUT s (480); rows are
     # appended as each case finishes. HEURISTIC_CASES ("SPEC SHAPE;..." or "SPEC;...")
-    # narrows it, HEURISTIC_QUICK=1 runs a handful
+    # narrows it, HEURISTIC_QUICK=1 runs a handful; HEURISTIC_DTYPE (bf16, fp16, fp32) and
+    # HEURISTIC_GRAPHED=1 (prefill in CUDA-graph replays: kernel time alone) as the fp32 rows
+    # were measured
     timeout "${HEURISTIC_TIMEOUT:-480}" python3 benchmarks/heuristic_check.py \
         --json "$OUT/heuristic_$gpu.jsonl" ${HEURISTIC_CASES:+--cases "$HEURISTIC_CASES"} \
-        ${HEURISTIC_QUICK:+--quick} 2>&1 | grep -vE "Warning|warn" | tee "$OUT/heuristic_$gpu.txt"
+        ${HEURISTIC_QUICK:+--quick} --dtype "${HEURISTIC_DTYPE:-bf16}" \
+        ${HEURISTIC_GRAPHED:+--graphed} 2>&1 | grep -vE "Warning|warn" | tee "$OUT/heuristic_$gpu.txt"
     [ "${PIPESTATUS[0]}" = 124 ] && echo "heuristic: timed out after ${HEURISTIC_TIMEOUT:-480} s" | tee -a "$OUT/heuristic_$gpu.txt"
 fi
 
