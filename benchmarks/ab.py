@@ -12,9 +12,12 @@ the host compiles where the text is there (each variant compiles under its own c
 else to the host module (its tables: ``"_WGMMA_PERSISTENT = 1"`` -> ``"_WGMMA_PERSISTENT =
 0"``).
 
-Every variant runs the launch configuration the host picks for the shape (``--config``: this
-one instead, e.g. ``'{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}'``), and
-its output must match the unchanged module's. The timing is `attncc bench`'s: L2 cleared
+Every variant runs the launch configuration a call of the shape runs with (``call_config``:
+on the Triton target the heuristic table's or a tuned entry, as ``Kernel.launch_config``
+says, not the generated module's own default, which differs from it at some shapes; on the
+CUDA target the host's tiles; ``--config``: this one instead, e.g. ``'{"BLOCK_M": 128,
+"BLOCK_N": 64, "num_warps": 8, "num_stages": 3}'``), and its output must match the unchanged
+module's. The timing is `attncc bench`'s: L2 cleared
 before each call (decode-sized calls: CUDA-graph replays over rotating input copies), an
 untimed round, then ``--rounds`` rounds in alternating order, each variant keeping its best.
 """
@@ -94,6 +97,14 @@ def random_documents(inputs: dict[str, Any], kernel: Any, keys: int, mean: int) 
             inputs[arg.name] = ids.to(old).expand(old.shape).contiguous()
 
 
+def call_config(kernel: Any, inputs: dict[str, Any], config: dict[str, int] | None) -> Any:
+    """The launch configuration the A/B runs: ``config`` where given, else what a call of
+    these inputs runs with on the Triton target (None on the CUDA target: the host's tiles)."""
+    if config is not None or kernel.target != "triton":
+        return config
+    return kernel.launch_config(*(inputs[name] for name in kernel.input_names))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("spec")
@@ -142,8 +153,10 @@ def main() -> None:
     params = kernel.param_defaults(sizes)
     kv_names = (kernel.ir.key.tensor, kernel.ir.value.tensor)
     kv_bytes = sum(inputs[t].numel() * inputs[t].element_size() for t in kv_names)
+    config = call_config(kernel, inputs, args.config)
     print(
         f"{kernel.name} {args.shape} {args.dtype} {args.target} on {torch.cuda.get_device_name()}"
+        + (f" (config {json.dumps(config)})" if config is not None else "")
     )
 
     reference = None
@@ -159,7 +172,7 @@ def main() -> None:
         for c in copies:
             tensors, bound = module._bind([c[n] for n in kernel.input_names], {})
             full = {**params, **bound}
-            runs.append(lambda m=module, t=tensors, p=full: m._forward(t, p, False, args.config))
+            runs.append(lambda m=module, t=tensors, p=full: m._forward(t, p, False, config))
         try:
             out = runs[0]()[0].float()
         except Exception as error:  # a variant that does not compile is a result, not the end

@@ -378,6 +378,27 @@ def test_plot_ratios_group_rows_into_tables_per_anchor_and_variant() -> None:
     assert plot.file_name("matrix_h100", ("decode", "bf16", 0)) == "matrix_h100_decode_bf16.png"
 
 
+def test_ab_runs_the_configuration_a_call_runs_with() -> None:
+    """ab.py times the Triton target at the configuration a user's call gets (the heuristic
+    table's), not the generated module's own default: at paged decode B=1 32k those ran 44.9
+    and 59.6 us (H200), so an A/B at the module's default measured another kernel."""
+    import torch
+
+    import attncc
+    from attncc.bench import Shape, bench_inputs, sizes_for
+
+    ab = _script("ab")
+    kernel = attncc.compile(EXAMPLES / "paged_decode.attn", target="triton")
+    sizes = sizes_for(kernel.ir, Shape.parse("1,4:2,64,16"))
+    inputs = bench_inputs(kernel.ir, sizes, torch.float32, documents=1, device="cpu")
+    table = kernel.launch_config(*(inputs[name] for name in kernel.input_names))
+    assert ab.call_config(kernel, inputs, None) == table and "waves" in table
+    pinned = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "waves": 1}
+    assert ab.call_config(kernel, inputs, pinned) is pinned
+    cuda = attncc.compile(EXAMPLES / "causal.attn", target="cuda")
+    assert ab.call_config(cuda, inputs, None) is None  # the CUDA host's own tiles
+
+
 def test_ab_variants_apply_to_the_kernel_source_else_the_host_module(tmp_path: Path) -> None:
     """ab.py: a replacement whose text is in the kernel source changes the kernel source, even
     where the host module holds the text too (it embeds the sources, one line of them as a
