@@ -10,8 +10,9 @@ The 16-bit sm_90 rows are the tuner's picks from the sweeps and matrices already
 row names its measurement), the FP8 row at head dim 128 the best of an FP8 tile sweep, and the
 float32 fused rows at head dims 64 and 128 the best of a float32 tile sweep; other FP8 and
 float32 rows are the 16-bit ones. The sm_80 / other rows were never measured:
-they are the sm_90 16-bit tile (without TMA where the GPU has none) shrunk until it fits that
-arch's shared memory, by the same estimate and steps the generated host's default used.
+they are the sm_90 row of their dtype (without TMA where the GPU has none) shrunk until it
+fits that arch's shared memory, by the same estimate and steps the generated host's default
+used.
 """
 
 from __future__ import annotations
