@@ -235,6 +235,68 @@ class _Context:
             lines.append(f"{names[expr]} = ({load}).to(tl.int64)")
         return lines
 
+    def page_tables(self, env: cx.TritonEnv) -> dict[str, list[str]] | None:
+        """A split kernel's page tables: where every gathered read is a table read at the key
+        divided by a dim (``page_table[b, n / PAGE]``; its other subscripts do not read the
+        key), a program loads its chunk's entries once before its key loops (``PAGE_TABLE``
+        of them, counted by the host: ``_page_table_entries``) and each tile takes its keys'
+        entries from them (``tl.gather``), so no tile's K and V copies wait on a load of
+        their addresses. ``lines`` load the tables (``start``: the chunk's first key),
+        ``take`` names a tile's entries (``gather_i``), ``pages`` are the host's page sizes.
+        None where a gathered read has another form."""
+        lines: list[str] = []
+        take: list[str] = []
+        pages: list[str] = []
+        names = self.gather_names()
+        for expr in self.gathered:
+            assert isinstance(expr, ir.Load)
+            keyed = [i for i, sub in enumerate(expr.indices) if self.key in indices_of(sub)]
+            if len(keyed) != 1:
+                return None
+            page_of = expr.indices[keyed[0]]
+            if not (
+                cx.fast_division(page_of)
+                and isinstance(page_of, ir.BinOp)
+                and page_of.op == "/"
+                and page_of.left == ir.Index(self.key)
+            ):
+                return None
+            name = names[expr]
+            first = f"{name.replace('gather_', 'table_first_')}"
+            slots = f"{name.replace('gather_', 'table_slots_')}"
+            table = f"{name.replace('gather_', 'table_')}"
+            # the table read at every slot of the chunk's pages: the key index stands for the
+            # slot, so the load is masked where a slot runs past the table, as a key's is
+            by_slot = replace(
+                expr,
+                indices=tuple(
+                    ir.Index(self.key) if i == keyed[0] else sub
+                    for i, sub in enumerate(expr.indices)
+                ),
+            )
+            slot_env = replace(
+                env, indices={**env.indices, self.key: slots}, vector_indices=frozenset({self.key})
+            )
+            start_env = replace(
+                env, indices={**env.indices, self.key: "start"}, vector_indices=frozenset()
+            )
+            tile_env = replace(
+                env,
+                indices={**env.indices, self.key: "offs_n"},
+                vector_indices=frozenset({self.key}),
+            )
+            lines += [
+                f"{first} = {cx.triton_expr(page_of, start_env)}",
+                f"{slots} = {first} + tl.arange(0, PAGE_TABLE)",
+                f"{table} = ({cx.triton_expr(by_slot, slot_env)}).to(tl.int64)",
+            ]
+            page = cx.triton_expr(page_of, tile_env)
+            take.append(
+                f"{name} = tl.gather({table}, tl.minimum({page} - {first}, PAGE_TABLE - 1), 0)"
+            )
+            pages.append(cx.host_expr(page_of.right, dims="sizes", params="params"))
+        return {"lines": lines, "take": take, "pages": pages} if self.gathered else None
+
     def output(self) -> tuple[dict[str, str], dict[str, str]]:
         out = self.k.output
         base, row, col = [], "0", "0"
@@ -336,9 +398,12 @@ class _Context:
         v_parts: dict[str, Any],
         descriptors: bool = False,
         key_blocks: bool = False,
+        page_tables: bool = False,
     ) -> dict[str, Any]:
         """The key loop's values (attend.py.jinja) for index variables as in ``env``;
         ``descriptors``: the kernel may load K and V tiles through TMA descriptors;
+        ``page_tables``: the split kernel's loop, each of whose programs walks one chunk of
+        keys: its page-table entries may be loaded once a chunk (``page_tables``);
         ``key_blocks``: the fused kernel's loop, whose tiles start at multiples of BLOCK_N:
         key blocks read once a tile (KEY_BLOCKS_ALIGNED), FP8 P·V (FP8_PV), and score
         factors of the rows hoisted before it (``score_lines``)."""
@@ -386,6 +451,7 @@ class _Context:
             "has_gathers": bool(self.gathered),
             "gather_take": [f"gather_{i} = gather_next_{i}" for i in range(len(self.gathered))],
             "gather_prefetch": self.gather_lines(env, "offs_next", "gather_next_"),
+            "page_table": self.page_tables(env) if page_tables else None,
             "score_lines": self.score_lines(env, hoist=key_blocks)[1],
             "mask_all": _and(masks) or "True",
             "residual_mask": _and(residual),
@@ -607,7 +673,7 @@ class _Context:
             # the visible key range never reads the query head (split_kv_blocker), so the
             # fused kernel's bounds hold for the split rows too
             "bounds": self.bounds(),
-            "loop": self.loop(env, k_parts, v_parts),
+            "loop": self.loop(env, k_parts, v_parts, page_tables=True),
             "programs_host": " * ".join(f"sizes[{d!r}]" for d in program_dims) or "1",
             "group_host": (
                 f"sizes[{group.head.dim!r}] // sizes[{group.kv_dim!r}]" if group else "1"

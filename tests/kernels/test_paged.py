@@ -192,3 +192,48 @@ def test_split_merge_takes_rows_in_steps(merge_floats: int) -> None:
     expected = torch.einsum("bhn,bnd->bhd", scores.softmax(-1), v[:, :140, 0])
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(lse, scores.logsumexp(-1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("page", "length", "loaded"), [(16, 300, True), (3, 200, True), (1, 1200, False)]
+)
+def test_split_chunks_read_their_page_entries(
+    page: int, length: int, loaded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Split-KV programs take a tile's page-table entries from their chunk's, loaded once
+    (PAGE_TABLE; chunks of 128 keys start inside pages of 3), or, for a chunk of more pages
+    than _PAGE_TABLE_LIMIT (640 pages of one key), a tile ahead: both give the contiguous
+    cache's results."""
+    gen = torch.Generator().manual_seed(length)
+    q = torch.randn(1, 2, 16, generator=gen)
+    k, v = (torch.randn(1, length, 1, 16, generator=gen) for _ in "kv")
+    lengths = torch.tensor([length - 7], dtype=torch.int32)
+    pool = -(-length // page) + 3
+    k_pages, table_k = paged_copy(k, page, pool, gen)
+    v_pages = torch.zeros_like(k_pages)
+    for p in range(table_k.shape[1]):
+        chunk = v[0, p * page : (p + 1) * page]
+        v_pages[table_k[0, p], : chunk.shape[0]] = chunk
+    paged = attncc.compile(EXAMPLES / "paged_decode.attn")
+    module = paged.module(interpreted=True)
+    counted = []
+    count = module._page_table_entries
+    monkeypatch.setattr(
+        module, "_page_table_entries", lambda *a: counted.append(count(*a)) or counted[-1]
+    )
+    out = paged(q, k_pages, v_pages, table_k, lengths)
+    assert len(counted) == 1 and (counted[0] > 0) == loaded, counted
+    expected = attncc.compile(EXAMPLES / "decode.attn")(q, k, v, lengths)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_page_table_entries_cover_a_chunk() -> None:
+    module = attncc.compile(EXAMPLES / "paged_decode.attn").module(interpreted=True)
+    entries = module._page_table_entries
+    assert "tl.gather(table_0" in attncc.compile(EXAMPLES / "paged_decode.attn").source
+    # a chunk of 320 keys in pages of 3 (106.7 of them) spans at most 108: 128 entries
+    assert entries(320, (3,)) == 128
+    assert entries(64, (16,)) == 16  # at least 16: fewer counts to compile for
+    assert entries(3968, (16,)) == module._PAGE_TABLE_LIMIT == 256  # B=1 128k: 33 chunks
+    assert entries(320, (1,)) == 0  # 322 entries: loaded a tile ahead instead
+    assert entries(320, (1, 16)) == 0  # two tables: the one of more entries decides
