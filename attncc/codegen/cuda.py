@@ -167,9 +167,10 @@ class _Context:
             result[name] = templating.nested(func, [*parts, limit])
         return result
 
-    def _scale(self, env: cu.CudaEnv) -> str:
-        scale = cu.cuda_expr(self.k.score_scale, env)
-        return scale if self.k.score_scale.type == "float" else f"(float)({scale})"
+    def _scale(self, env: cu.CudaEnv, scale: ir.Expr | None = None) -> str:
+        scale = self.k.score_scale if scale is None else scale
+        text = cu.cuda_expr(scale, env)
+        return text if scale.type == "float" else f"(float)({text})"
 
     def score_lines(self, env: cu.CudaEnv) -> list[str]:
         exp_scale = self.exp_scale(env)
@@ -178,10 +179,17 @@ class _Context:
             return [f"float s2 = qk * {exp_scale};"]
         if self.score_factor(env) is not None:
             return ["float s2 = qk * score_factor;"]
-        lines = [f"float s = qk * ({self._scale(env)});"]
-        lines += [f"s = {cu.cuda_expr(mod, env)};" for mod in self.k.score_mods]
-        lines.append("float s2 = s * ATTNCC_LOG2E;")
-        return lines
+        # uniform factors join the scale and log2(e) (plan.scaled_score_mods, outer_factors)
+        scale, mods = plan.scaled_score_mods(self.k.score_scale, self.k.score_mods)
+        if not mods:
+            return [f"float s2 = qk * (({self._scale(env, scale)}) * ATTNCC_LOG2E);"]
+        lines = [f"float s = qk * ({self._scale(env, scale)});"]
+        lines += [f"s = {cu.cuda_expr(mod, env)};" for mod in mods[:-1]]
+        outer = plan.outer_factors(mods[-1])
+        if outer is None:
+            return [*lines, f"s = {cu.cuda_expr(mods[-1], env)};", "float s2 = s * ATTNCC_LOG2E;"]
+        factors, rest = (" * ".join(f"({cu.cuda_expr(e, env)})" for e in part) for part in outer)
+        return [*lines, f"float s2 = ({factors} * ATTNCC_LOG2E) * {rest};"]
 
     def backward_chain(self, env: cu.CudaEnv) -> list[str] | None:
         """The sm_90a backward's lines from a raw dot product ``qk`` to the score ``s`` and

@@ -22,7 +22,7 @@ from attncc.codegen.exprs import (
     tensor_var,
 )
 from attncc.ir import nodes as ir
-from attncc.ir.verify import indices_of, subexprs
+from attncc.ir.verify import indices_of, replaced, subexprs
 from attncc.spec import ast
 
 PartKind = Literal["row", "col", "key", "replaced", "gather", "base"]
@@ -384,6 +384,55 @@ def score_factors(mods: tuple[ir.Expr, ...]) -> tuple[list[ir.Expr], tuple[ir.Ex
             return factors, mods[i:]
         factors += rest
     return factors, ()
+
+
+def uniform(expr: ir.Expr) -> bool:
+    """A float every score of a call shares: params, dims and literals (no index, tensor or
+    score read)."""
+    return expr.type == "float" and not any(
+        isinstance(e, ir.Index | ir.Load | ir.Score) for e in subexprs(expr)
+    )
+
+
+def scaled_score_mods(
+    scale: ir.Expr, mods: tuple[ir.Expr, ...]
+) -> tuple[ir.Expr, tuple[ir.Expr, ...]]:
+    """(scale, mods) as kernels compute them: where the first mod reads the score once,
+    divided or multiplied by a ``uniform`` float (soft-capping's ``cap * tanh(s / cap)``),
+    that factor joins the scale (``qk * (scale / cap)``, then ``cap * tanh(s)``), computed
+    once a call: a multiply a score, not a division's. On sm_90a ``div.full`` by a uniform
+    divisor left three multiplies a score (its range scaling): the softcap kernel ran 735.6
+    against 664.4 us folded (4,16,4096,128, H200, docs/performance.md)."""
+    if not mods:
+        return scale, mods
+    first = mods[0]
+    if sum(isinstance(e, ir.Score) for e in subexprs(first)) != 1:
+        return scale, mods
+    readers = (
+        e for e in subexprs(first) if isinstance(e, ir.BinOp) and ir.Score() in (e.left, e.right)
+    )
+    reader = next(readers, None)
+    if reader is None or reader.type != "float":
+        return scale, mods
+    other = reader.right if reader.left == ir.Score() else reader.left
+    divides = reader.op == "/" and reader.left == ir.Score()
+    if not (divides or reader.op == "*") or not uniform(other):
+        return scale, mods
+    folded = ir.BinOp(reader.op, scale, other, "float")
+    rest = (replaced(first, reader, ir.Score()), *mods[1:])
+    return folded, tuple(mod for mod in rest if mod != ir.Score())  # ``s = s`` does nothing
+
+
+def outer_factors(mod: ir.Expr) -> tuple[list[ir.Expr], list[ir.Expr]] | None:
+    """A score mod as (``uniform`` factors, the rest) where it is a product with some
+    (``cap * tanh(s)``): the factors join log2(e) in one number a call, so the score's move
+    to base 2 adds no multiply. None otherwise."""
+    leaves = _product_leaves(mod)
+    if leaves is None:
+        return None
+    factors = [leaf for leaf in leaves if uniform(leaf)]
+    rest = [leaf for leaf in leaves if not uniform(leaf)]
+    return (factors, rest) if factors and rest else None
 
 
 def _product_leaves(expr: ir.Expr) -> list[ir.Expr] | None:

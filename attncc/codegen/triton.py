@@ -485,8 +485,14 @@ class _Context:
         do not read the key index are computed once, before the loop (the kernel defines the
         query index there), not a tile."""
         env = env or self.env()
-        scale = cx.triton_expr(self.k.score_scale, env)
         factors, mods = plan.score_factors(self.k.score_mods)
+        # uniform factors join the scale and log2(e) (plan.scaled_score_mods, outer_factors)
+        score_scale, mods = (
+            plan.scaled_score_mods(self.k.score_scale, mods)
+            if not factors
+            else (self.k.score_scale, mods)
+        )
+        scale = cx.triton_expr(score_scale, env)
         hoisted = [f for f in factors if hoist and self.key not in indices_of(f)]
         per_tile = [f"({cx.triton_expr(f, env)})" for f in factors if f not in hoisted]
         if hoisted:
@@ -497,9 +503,14 @@ class _Context:
             # log2(e) folds into the scale: one multiply per score
             return [f"qk_scale = ({scale}) * {LOG2E!r}"], [f"s2 = qk * {tile_scale}"]
         lines = [f"s = qk * {tile_scale}"]
-        lines += [f"s = {cx.triton_expr(mod, env)}" for mod in mods]
-        lines.append(f"s2 = s * {LOG2E!r}")
-        return [f"qk_scale = {scale}"], lines
+        lines += [f"s = {cx.triton_expr(mod, env)}" for mod in mods[:-1]]
+        outer = plan.outer_factors(mods[-1])
+        if outer is None:
+            lines += [f"s = {cx.triton_expr(mods[-1], env)}", f"s2 = s * {LOG2E!r}"]
+            return [f"qk_scale = {scale}"], lines
+        factors_out, rest = (" * ".join(f"({cx.triton_expr(e, env)})" for e in p) for p in outer)
+        lines.append(f"s2 = {rest} * score_out")
+        return [f"qk_scale = {scale}", f"score_out = {factors_out} * {LOG2E!r}"], lines
 
     def kernel_params(self) -> tuple[list[str], list[str]]:
         """Kernel parameter names and the host expressions passed for them."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from attncc.ir import nodes as ir
 
@@ -24,6 +25,23 @@ def subexprs(expr: ir.Expr) -> Iterator[ir.Expr]:
             yield from subexprs(b)
         case _:
             pass
+
+
+def replaced(expr: ir.Expr, old: ir.Expr, new: ir.Expr) -> ir.Expr:
+    """``expr`` with every occurrence of the subexpression ``old`` replaced by ``new``."""
+    if expr == old:
+        return new
+    match expr:
+        case ir.Load(indices=children):
+            return replace(expr, indices=tuple(replaced(c, old, new) for c in children))
+        case ir.Call(args=children):
+            return replace(expr, args=tuple(replaced(c, old, new) for c in children))
+        case ir.Unary(operand=x):
+            return replace(expr, operand=replaced(x, old, new))
+        case ir.BinOp(left=a, right=b):
+            return replace(expr, left=replaced(a, old, new), right=replaced(b, old, new))
+        case _:
+            return expr
 
 
 def indices_of(expr: ir.Expr) -> set[str]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from attncc.ir import nodes as ir
-from attncc.ir.verify import indices_of, subexprs
+from attncc.ir.verify import indices_of, replaced, subexprs
 
 
 @dataclass(frozen=True)
@@ -76,30 +76,13 @@ Equality = tuple[ir.Expr, ir.Expr]
 _SAME = ir.Index("=")  # stands for the value both sides of an equality share (no real index)
 
 
-def _replace(expr: ir.Expr, old: ir.Expr, new: ir.Expr) -> ir.Expr:
-    """``expr`` with every occurrence of the subexpression ``old`` replaced by ``new``."""
-    if expr == old:
-        return new
-    match expr:
-        case ir.Load(indices=children):
-            return replace(expr, indices=tuple(_replace(c, old, new) for c in children))
-        case ir.Call(args=children):
-            return replace(expr, args=tuple(_replace(c, old, new) for c in children))
-        case ir.Unary(operand=x):
-            return replace(expr, operand=_replace(x, old, new))
-        case ir.BinOp(left=a, right=b):
-            return replace(expr, left=_replace(a, old, new), right=_replace(b, old, new))
-        case _:
-            return expr
-
-
 def _equal_under(
     row_term: ir.Expr, key_term: ir.Expr, equalities: tuple[Equality, ...], key: str, query: str
 ) -> bool:
     """Whether ``row_term`` (reading the query index) equals ``key_term`` (reading the key
     index) wherever one of ``equalities`` holds: both are one function of the two sides."""
     for row, key_side in equalities:
-        a, b = _replace(row_term, row, _SAME), _replace(key_term, key_side, _SAME)
+        a, b = replaced(row_term, row, _SAME), replaced(key_term, key_side, _SAME)
         if a == b and not indices_of(a) & {key, query}:
             return True
     return False

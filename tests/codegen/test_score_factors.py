@@ -81,3 +81,64 @@ def test_folded_factors_match_the_reference(schedule: str) -> None:
     scores = scores * u.double().repeat_interleave(64)[:150]
     exact = torch.softmax(scores, -1) @ v.double()
     assert (out.double() - exact).abs().max().item() < 1e-4
+
+
+# ------------------------------------------------- uniform factors around a score modification
+
+
+def _mods(text: str) -> tuple[object, tuple[object, ...]]:
+    kernel = attncc.compile(text, target="triton").ir
+    return kernel.score_scale, kernel.score_mods
+
+
+def _with_mod(mod: str) -> str:
+    return (EXAMPLES / "softcap.attn").read_text().replace("s = cap * tanh(s / cap)", mod)
+
+
+def test_a_uniform_divisor_of_the_score_joins_the_scale() -> None:
+    from attncc.codegen.plan import outer_factors, scaled_score_mods
+    from attncc.ir import nodes as ir
+
+    scale, mods = _mods(_with_mod("s = cap * tanh(s / cap)"))
+    folded, rest = scaled_score_mods(scale, mods)
+    cap = ir.Param("cap", "float")
+    assert folded == ir.BinOp("/", scale, cap, "float")
+    assert rest == (ir.BinOp("*", cap, ir.Call("tanh", (ir.Score(),), "float"), "float"),)
+    assert outer_factors(rest[0]) == ([cap], [ir.Call("tanh", (ir.Score(),), "float")])
+    # a product alone folds away whole
+    assert scaled_score_mods(*_mods(_with_mod("s = s * cap")))[1] == ()
+    # left alone: the score read twice, a divisor read per row, an integer one
+    for mod in ("s = cap * tanh(s / cap) + s", "s = cap * tanh(s / (cap + m))", "s = tanh(s / D)"):
+        scale, mods = _mods(_with_mod(mod))
+        assert scaled_score_mods(scale, mods) == (scale, mods), mod
+
+
+def test_soft_capping_multiplies_each_score_without_a_division() -> None:
+    triton_src = source((EXAMPLES / "softcap.attn").read_text())
+    assert "qk_scale = (p_scale / p_cap)" in triton_src
+    assert "score_out = (p_cap) * 1.4426950408889634" in triton_src
+    assert all("/ p_cap" not in line for line in loop_lines(triton_src))
+    cuda_src = attncc.compile(EXAMPLES / "softcap.attn", target="cuda").source
+    assert "float s = qk * (attncc_div(p_scale, p_cap));" in cuda_src
+    assert "float s2 = ((p_cap) * ATTNCC_LOG2E) * (attncc_tanh_as<elem_t>(s));" in cuda_src
+    assert "attncc_div(s, p_cap)" not in cuda_src
+
+
+@pytest.mark.parametrize("cap", [30.0, -4.0, 0.3])
+@pytest.mark.parametrize("schedule", ["fused", "naive", "split_kv"])
+def test_folded_soft_capping_matches_the_reference(cap: float, schedule: str) -> None:
+    """The cap folded into the scale and log2(e), a negative or small cap (most scores
+    saturate) included, in every schedule."""
+    kernel = attncc.compile(EXAMPLES / "softcap.attn", schedule=schedule)
+    gen = torch.Generator().manual_seed(int(cap * 10))
+    m = 4 if schedule == "split_kv" else 40
+    q = torch.randn(1, 2, m, 32, generator=gen) * 3
+    k, v = (torch.randn(1, 2, 90, 32, generator=gen) for _ in range(2))
+    out, lse = kernel(q, k, v, cap=cap, return_lse=True)
+    scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(32)
+    scores = cap * torch.tanh(scores / cap)
+    visible = torch.arange(m)[:, None] >= torch.arange(90)[None, :]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    exact = torch.softmax(scores, -1) @ v.double()
+    assert (out.double() - exact).abs().max().item() < 1e-4
+    assert (lse.double() - scores.logsumexp(-1)).abs().max().item() < 1e-4

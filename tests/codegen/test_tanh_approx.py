@@ -113,7 +113,9 @@ def test_the_saturation_clamp_keeps_bfloat16_log_sum_exps_within_the_rule(
 def test_triton_forward_picks_tanh_by_the_output_dtype_and_backward_stays_exact() -> None:
     kernel = attncc.compile(SPECS[0], target="triton")
     source = kernel.path.read_text()
-    assert "_tanh_as((s / p_cap), t_o.dtype.element_ty)" in source
+    # the cap joins the scale and log2(e) (plan.scaled_score_mods, outer_factors)
+    assert "qk_scale = (p_scale / p_cap)" in source
+    assert "s2 = (_tanh_as(s, t_o.dtype.element_ty)) * score_out" in source
     assert "if _TANH_APPROX and (float_type == tl.bfloat16):" in source
     assert '"tanh.approx.f32 $0, $1;"' in source
     assert "_TANH_APPROX = tl.constexpr(not _INTERPRETED)" in source
