@@ -112,7 +112,6 @@ def headers() -> tuple[tuple[str, str], ...]:
         "uses_tanh": True,
         "tanh_approx": {
             "types": [_ELEMENT_TYPES[d] for d in plan.TANH_APPROX_DTYPES],
-            "saturation": repr(plan.TANH_APPROX_SATURATION),
         },
         "fast_division": True,
     }

@@ -521,12 +521,11 @@ class _Context:
 
     def tanh_approx(self) -> dict[str, str] | None:
         """The device helper ``_tanh_as``'s values: the condition on its ``float_type`` that
-        picks tanh.approx.f32, and the |x| from which it returns exactly +-1; None where no
-        expression renders through it."""
+        picks tanh.approx.f32; None where no expression renders through it."""
         if self.float_type is None:
             return None
         types = " or ".join(f"float_type == tl.{d}" for d in plan.TANH_APPROX_DTYPES)
-        return {"when": types, "saturation": repr(plan.TANH_APPROX_SATURATION)}
+        return {"when": types}
 
     def contents(self, tile_index: bool, split: dict[str, Any] | None) -> list[str]:
         """Comment lines saying what the module holds, in the order it holds them."""
