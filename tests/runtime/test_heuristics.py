@@ -68,6 +68,8 @@ def test_sm90_16_bit_entries_are_the_measured_picks() -> None:
     assert TABLE["sm90", "fused", 64, "float16", 1 << 31].tile.block_n == 128
     decode = TABLE["sm90", "split_kv", 128, "bfloat16", 8192]
     assert (decode.tile.block_n, decode.tile.num_stages, decode.waves) == (64, 3, 1)
+    long_decode = TABLE["sm90", "split_kv", 128, "bfloat16", 1 << 31]
+    assert (long_decode.tile.block_n, long_decode.tile.num_stages, long_decode.waves) == (32, 3, 2)
     paged = TABLE["sm90", "split_kv_paged", 128, "bfloat16", 1 << 31]
     assert (paged.tile.block_n, paged.waves) == (32, 2)
     # no TMA without sm_90, and float32 tiles shrunk to the arch's shared memory
