@@ -235,14 +235,15 @@ class _Context:
             lines.append(f"{names[expr]} = ({load}).to(tl.int64)")
         return lines
 
-    def page_tables(self, env: cx.TritonEnv) -> dict[str, list[str]] | None:
+    def page_tables(self, env: cx.TritonEnv) -> dict[str, Any] | None:
         """A split kernel's page tables: where every gathered read is a table read at the key
         divided by a dim (``page_table[b, n / PAGE]``; its other subscripts do not read the
         key), a program loads its chunk's entries once before its key loops (``PAGE_TABLE``
         of them, counted by the host: ``_page_table_entries``) and each tile takes its keys'
         entries from them (``tl.gather``), so no tile's K and V copies wait on a load of
         their addresses. ``lines`` load the tables (``start``: the chunk's first key),
-        ``take`` names a tile's entries (``gather_i``), ``pages`` are the host's page sizes.
+        ``take`` names a tile's entries (``gather_i``), ``pages`` is the host's tuple of the
+        page sizes.
         None where a gathered read has another form."""
         lines: list[str] = []
         take: list[str] = []
@@ -262,9 +263,9 @@ class _Context:
             ):
                 return None
             name = names[expr]
-            first = f"{name.replace('gather_', 'table_first_')}"
-            slots = f"{name.replace('gather_', 'table_slots_')}"
-            table = f"{name.replace('gather_', 'table_')}"
+            first = name.replace("gather_", "table_first_")
+            slots = name.replace("gather_", "table_slots_")
+            table = name.replace("gather_", "table_")
             # the table read at every slot of the chunk's pages: the key index stands for the
             # slot, so the load is masked where a slot runs past the table, as a key's is
             by_slot = replace(
@@ -295,7 +296,9 @@ class _Context:
                 f"{name} = tl.gather({table}, tl.minimum({page} - {first}, PAGE_TABLE - 1), 0)"
             )
             pages.append(cx.host_expr(page_of.right, dims="sizes", params="params"))
-        return {"lines": lines, "take": take, "pages": pages} if self.gathered else None
+        if not self.gathered:
+            return None
+        return {"lines": lines, "take": take, "pages": f"({', '.join(pages)},)"}
 
     def output(self) -> tuple[dict[str, str], dict[str, str]]:
         out = self.k.output
