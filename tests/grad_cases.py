@@ -74,13 +74,15 @@ def gradient_verdicts(
     target: str = "triton",
     backend: str | None = None,
     needs: Collection[str] | None = None,
+    spec: Path | None = None,
 ) -> dict[str, Verdict]:
     """Forward and backward of example ``name``'s fused kernel of ``target`` with a random
     ``grad_out``; every float input's gradient (slopes and bias included) against float64
     autograd, bounded by the same math done eagerly in q's dtype. ``backend``: the backward
     backend the call must have taken ("cuda": the sm_90a kernel, or "triton"); ``needs``: the
-    inputs that require grad (default every float one), the only ones checked."""
-    spec = EXAMPLES / f"{name}.attn"
+    inputs that require grad (default every float one), the only ones checked; ``spec``: a
+    spec file to compile instead of the example (inputs drawn as for ``name``)."""
+    spec = spec if spec is not None else EXAMPLES / f"{name}.attn"
     kernel = attncc.compile(spec, target=target, schedule="fused")
     dtype = given["q"].dtype
     floats = [n for n, t in given.items() if t.is_floating_point()]

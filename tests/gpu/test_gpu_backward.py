@@ -80,6 +80,55 @@ def test_cuda_backward_gradients(
     torch.cuda.empty_cache()
 
 
+# document masks without causality: a key tile's live query tiles lie on both sides of the
+# one its block's walk starts at, so the walk of the tile index's bits wraps around
+DOCUMENTS_BOTH_WAYS = """attention documents_both_ways
+dims  B, H, N, D
+in    q[B, H, N, D]
+in    k[B, H, N, D]
+in    v[B, H, N, D]
+in    doc[B, N]: i32
+param scale: f32 = 1 / sqrt(D)
+s[b, h, m, n] = q[b, h, m, d] * k[b, h, n, d] * scale
+mask doc[b, m] == doc[b, n]
+p = softmax(s, n)
+o[b, h, m, d] = p[b, h, m, n] * v[b, h, n, d]
+out o
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("spec_text", "documents"), [(None, 24), (DOCUMENTS_BOTH_WAYS, 4), (DOCUMENTS_BOTH_WAYS, 24)]
+)
+def test_cuda_backward_walks_the_tile_index(
+    spec_text: str | None,
+    documents: int,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sm_90a backward's blocks walk the live bits of their tile index (most query tiles
+    dead with 24 documents in 1000 tokens; the walk wrapping around without causality) and
+    still reach every query tile that meets their keys: gradients by flash-attn's rule."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a backward needs an sm_90 GPU")
+    monkeypatch.setenv("ATTNCC_BACKWARD", "cuda")
+    spec = None
+    if spec_text is not None:
+        spec = tmp_path / "documents_both_ways.attn"
+        spec.write_text(spec_text)
+    given, params = draw("document_mask", 2, 8, 1000, 128, torch.bfloat16, "cuda")
+    gen = torch.Generator().manual_seed(documents)
+    doc = torch.randint(0, documents, (2, 1000), generator=gen).sort(dim=-1).values
+    given["doc"] = doc.to("cuda", torch.int32)
+    verdicts = gradient_verdicts(
+        "document_mask", given, params, "cuda", "cuda", ("q", "k", "v"), spec=spec
+    )
+    failing = {n: v for n, v in verdicts.items() if not v.ok}
+    assert not failing, failing
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("name", ["causal", "gqa_causal"])

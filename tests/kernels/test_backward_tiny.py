@@ -95,6 +95,26 @@ def test_which_calls_the_sm90a_backward_takes(
     assert (why is None) == takes, why
 
 
+@pytest.mark.parametrize(("rows", "takes"), [(4_000_000, True), (4_700_000, False)])
+def test_a_tile_index_past_shared_memory_takes_the_triton_backward(
+    rows: int, takes: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sm_90a backward keeps two bits a query tile of 64 rows for a tile index (document
+    masks) beside 209 KB of tiles: past about 4.6M rows they would not fit in an H100's or
+    H200's 227 KB (the launch would fail), so such calls take the Triton backward."""
+    host = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
+    monkeypatch.setattr(host, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(host, "_shared_limit", lambda device: 227 * 1024)
+    # rows of one stored row each: the rule reads shapes and strides, not data
+    q = torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16).expand(1, 1, rows, 128)
+    doc = torch.zeros(1, 1, dtype=torch.int32).expand(1, rows)
+    sizes = {"B": 1, "H": 1, "N": rows, "D": 128}
+    tensors = {"q": q, "k": q, "v": q, "doc": doc}
+    why = host._backward_refusal(tensors, q, q, sizes, torch.bfloat16, torch.device("cuda"))
+    assert (why is None) == takes, why
+    assert takes or "tile index" in why
+
+
 @pytest.mark.parametrize("slopes_grad", [False, True])
 def test_a_side_input_without_a_gradient_leaves_the_sm90a_backward_open(
     slopes_grad: bool, monkeypatch: pytest.MonkeyPatch
