@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from attncc.runtime import driver, tensor_map
+from attncc.runtime import driver, native, tensor_map
 from attncc.runtime.nvrtc import current_stream
 
 Result = tuple[torch.Tensor, torch.Tensor]
@@ -59,7 +59,18 @@ class Plans:
         for a call no plan may take: an input that is not a plain tensor (a subclass, a
         fake tensor while tracing), or a param that is not a plain number. ``stream``: the
         current stream is part of it (CUDA plans hold launches bound to one; the Triton
-        target's cached geometry is stream-free)."""
+        target's cached geometry is stream-free). Built by the C launcher's plan_key where
+        it is built: the same tuple, in 1.67 against 2.43 us for five tensors (this
+        repository's CPU machine; most of the rest is torch's own shape, stride, dtype,
+        device and data_ptr getters, about 55 ns each)."""
+        launcher = native.built()
+        if launcher is not None:
+            head = (return_lse, falls_back)
+            built = launcher.plan_key(head, tensors, params, torch.Tensor)
+            if built is None or not stream or not tensors:
+                return built  # type: ignore[no-any-return]
+            last = built[len(head) + 6 * len(tensors) - 2]  # the last tensor's device
+            return (*built, current_stream(last.index)) if last.type == "cuda" else built
         key: list[Any] = [return_lse, falls_back]
         device = None
         for name, t in tensors.items():

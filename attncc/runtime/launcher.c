@@ -19,8 +19,11 @@
    passed in as an address (libcuda's cuLaunchKernel, or a test's stand-in), so this file
    needs no CUDA headers.
 
+   The module also builds launch plans' keys (plan_key, below).
+
    attncc.runtime.native builds it with the system's C compiler; where that fails,
-   attncc.runtime.driver keeps a Python implementation of the same object. */
+   attncc.runtime.driver keeps a Python implementation of the same object (and
+   attncc.runtime.launch_plan of the key). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -299,6 +302,85 @@ done:
   return status;
 }
 
+/* plan_key(head, tensors, params, tensor_type) -> tuple or None: attncc.runtime.launch_plan's
+   Plans.key without the stream, built in one call (in Python its loop and tuple took about
+   half of the key's time). `head` (a tuple) leads; then, per tensor of the dict `tensors`
+   in order, (name, shape, stride(), dtype, device, data_ptr() % 16); per param of the dict
+   `params`, (name, type, value). None where a tensor's type is not exactly `tensor_type` or
+   a param is not exactly an int, float or bool: no plan may take such a call. */
+static PyObject *shape_name = NULL, *stride_name = NULL, *dtype_name = NULL,
+                *device_name = NULL;
+
+static PyObject *plan_key(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]) ||
+      !PyDict_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "plan_key(head: tuple, tensors: dict, params: dict, tensor_type)");
+    return NULL;
+  }
+  PyObject *head = args[0], *tensors = args[1], *params = args[2], *tensor_type = args[3];
+  Py_ssize_t n_head = PyTuple_GET_SIZE(head);
+  Py_ssize_t size = n_head + 6 * PyDict_GET_SIZE(tensors) + 3 * PyDict_GET_SIZE(params);
+  PyObject *key = PyTuple_New(size);
+  if (key == NULL) {
+    return NULL;
+  }
+  Py_ssize_t at = 0;
+  for (; at < n_head; ++at) {
+    PyObject *item = PyTuple_GET_ITEM(head, at);
+    Py_INCREF(item);
+    PyTuple_SET_ITEM(key, at, item);
+  }
+  Py_ssize_t pos = 0;
+  PyObject *name, *value;
+  while (PyDict_Next(tensors, &pos, &name, &value)) {
+    if ((PyObject *)Py_TYPE(value) != tensor_type) {
+      Py_DECREF(key);
+      Py_RETURN_NONE;
+    }
+    PyObject *parts[5];
+    parts[0] = PyObject_GetAttr(value, shape_name);
+    parts[1] = parts[0] ? PyObject_CallMethodNoArgs(value, stride_name) : NULL;
+    parts[2] = parts[1] ? PyObject_GetAttr(value, dtype_name) : NULL;
+    parts[3] = parts[2] ? PyObject_GetAttr(value, device_name) : NULL;
+    uint64_t pointer = 0;
+    parts[4] = parts[3] && pointer_of(value, &pointer) == 0
+                   ? PyLong_FromUnsignedLongLong(pointer % 16)
+                   : NULL;
+    Py_INCREF(name);
+    PyTuple_SET_ITEM(key, at++, name);
+    for (int i = 0; i < 5; ++i) {
+      if (parts[i] == NULL) { /* the slots not yet set are NULL, which the tuple skips */
+        for (int j = i + 1; j < 5; ++j) Py_XDECREF(parts[j]);
+        Py_DECREF(key);
+        return NULL;
+      }
+      PyTuple_SET_ITEM(key, at++, parts[i]);
+    }
+  }
+  pos = 0;
+  while (PyDict_Next(params, &pos, &name, &value)) {
+    PyTypeObject *type = Py_TYPE(value);
+    if (type != &PyLong_Type && type != &PyFloat_Type && type != &PyBool_Type) {
+      Py_DECREF(key);
+      Py_RETURN_NONE;
+    }
+    Py_INCREF(name);
+    Py_INCREF(type);
+    Py_INCREF(value);
+    PyTuple_SET_ITEM(key, at++, name);
+    PyTuple_SET_ITEM(key, at++, (PyObject *)type);
+    PyTuple_SET_ITEM(key, at++, value);
+  }
+  return key;
+}
+
+static PyMethodDef module_methods[] = {
+    {"plan_key", (PyCFunction)(void (*)(void))plan_key, METH_FASTCALL,
+     "plan_key(head, tensors, params, tensor_type): a launch plan's key, or None"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMethodDef Launch_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Launch_run, METH_FASTCALL,
      "run(stream, inputs, items, base): write the slots, launch; the driver's result code"},
@@ -318,12 +400,17 @@ static PyTypeObject LaunchType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "attncc_launcher", "attncc's kernel launcher", -1, NULL,
+    PyModuleDef_HEAD_INIT, "attncc_launcher", "attncc's kernel launcher", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit_attncc_launcher(void) {
   data_ptr_name = PyUnicode_InternFromString("data_ptr");
-  if (data_ptr_name == NULL || PyType_Ready(&LaunchType) < 0) {
+  shape_name = PyUnicode_InternFromString("shape");
+  stride_name = PyUnicode_InternFromString("stride");
+  dtype_name = PyUnicode_InternFromString("dtype");
+  device_name = PyUnicode_InternFromString("device");
+  if (data_ptr_name == NULL || shape_name == NULL || stride_name == NULL ||
+      dtype_name == NULL || device_name == NULL || PyType_Ready(&LaunchType) < 0) {
     return NULL;
   }
   PyObject *m = PyModule_Create(&module);

@@ -60,6 +60,12 @@ def launcher() -> ModuleType | None:
     return _state["module"]
 
 
+def built() -> ModuleType | None:
+    """The launcher module if a build finished and succeeded, else None, never waiting for
+    or starting one (for callers with a Python fallback that must not block on a build)."""
+    return _state.get("module")
+
+
 def build_in_background() -> None:
     """Start building the launcher on a thread of its own, if no build was tried yet: the
     compiler (a process of its own) then runs beside a first call's kernel compilation

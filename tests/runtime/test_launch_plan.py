@@ -101,7 +101,35 @@ def _inputs(n: int = 64, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
     return {"q": q, "k": k, "v": v, "doc": torch.randint(0, 3, (2, n), dtype=torch.int32)}
 
 
-def test_calls_alike_but_for_their_data_share_a_plan_key() -> None:
+@pytest.fixture(params=["native", "python"])
+def key_builder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Plans.key built by the C launcher's plan_key, or by its Python twin (the launcher not
+    built)."""
+    if request.param == "native":
+        assert native.launcher() is not None, native.unavailable()
+    else:
+        monkeypatch.setattr(native, "built", lambda: None)
+    return str(request.param)
+
+
+def test_the_c_key_is_the_python_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both builders give equal keys (one plan table serves a process that starts on the
+    Python key while the launcher builds): with and without params, with a stream."""
+    assert native.launcher() is not None, native.unavailable()
+    inputs = _inputs()
+    other = {**_inputs(), "k": _inputs()["k"].transpose(2, 3)}
+    cases = [
+        (inputs, {"scale": 0.125, "window": 3, "causal": True}, False, True),
+        (other, {}, True, False),
+        ({}, {"scale": 2.0}, False, False),
+    ]
+    built = [launch_plan.Plans.key(*case) for case in cases]
+    monkeypatch.setattr(native, "built", lambda: None)
+    assert [launch_plan.Plans.key(*case) for case in cases] == built
+    assert all(isinstance(k, tuple) for k in built)
+
+
+def test_calls_alike_but_for_their_data_share_a_plan_key(key_builder: str) -> None:
     """The key reads geometry, not data: fresh tensors of the same shapes, strides, dtypes
     and alignment share it; a different stride, dtype, 16-byte alignment, size, param value
     or type, return_lse or fallback each make another."""
@@ -125,7 +153,7 @@ def test_calls_alike_but_for_their_data_share_a_plan_key() -> None:
     assert base not in variants and len(set(variants)) == len(variants)
 
 
-def test_calls_no_plan_may_take_have_no_key() -> None:
+def test_calls_no_plan_may_take_have_no_key(key_builder: str) -> None:
     """Tensor subclasses (fake or functional tensors while tracing) and params that are not
     plain numbers (a tensor's value could change between calls) get no key."""
 
@@ -138,7 +166,12 @@ def test_calls_no_plan_may_take_have_no_key() -> None:
         is None
     )
     assert launch_plan.Plans.key(inputs, {"scale": torch.tensor(0.5)}, False, False) is None
+    assert launch_plan.Plans.key(inputs, {"scale": np.float64(0.5)}, False, False) is None
     assert launch_plan.Plans.key({**inputs, "q": [1.0]}, {}, False, False) is None
+    assert (
+        launch_plan.Plans.key({**inputs, "q": torch.nn.Parameter(inputs["q"])}, {}, False, False)
+        is None
+    )
 
 
 def test_plans_keep_the_newest_up_to_their_limit() -> None:
