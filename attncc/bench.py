@@ -44,6 +44,7 @@ from attncc.checking import (
     size_table_dims,
     table_dims,
 )
+from attncc.flex_tanh import approx_tanh
 from attncc.ir import nodes as ir
 from attncc.ir.verify import indices_of
 from attncc.runtime.timing import cold_copies, median_ms
@@ -349,10 +350,14 @@ def _flex_runner(
             keep = keep & evaluate(mask, env, sizes, params, tensors)
         return keep
 
+    # tanh as FlexAttention users who cap scores compute it (attncc.flex_tanh)
+    tanh = approx_tanh() if q.is_cuda else None
+    funcs = {"tanh": tanh} if tanh is not None else None
+
     def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         env = _indices(kernel, b, h, q_idx, kv_idx)
         for mod in kernel.score_mods:
-            score = evaluate(mod, env, sizes, params, tensors, score)
+            score = evaluate(mod, env, sizes, params, tensors, score, funcs=funcs)
         return score
 
     block_mask = None

@@ -73,10 +73,14 @@ def evaluate(
     tensors: Mapping[str, torch.Tensor],
     score: Any = None,
     float_dtype: torch.dtype = torch.float32,
+    funcs: Mapping[str, Callable[..., Any]] | None = None,
 ) -> Any:
     """``expr`` with torch ops; int operands of float functions become ``float_dtype``
-    (float32, as in the kernels; float64 for the gradient reference)."""
-    return _Evaluation(indices, sizes, params, tensors, score, float_dtype).ev(expr)
+    (float32, as in the kernels; float64 for the gradient reference). ``funcs``: built-in
+    functions computed otherwise (by name; the benchmark's Flex anchor: an approximate
+    tanh)."""
+    table = _FUNCS if funcs is None else {**_FUNCS, **funcs}
+    return _Evaluation(indices, sizes, params, tensors, score, float_dtype, table).ev(expr)
 
 
 class _Evaluation:
@@ -92,9 +96,10 @@ class _Evaluation:
         tensors: Mapping[str, torch.Tensor],
         score: Any,
         float_dtype: torch.dtype,
+        funcs: Mapping[str, Callable[..., Any]],
     ) -> None:
         self.indices, self.sizes, self.params, self.tensors = indices, sizes, params, tensors
-        self.score, self.float_dtype = score, float_dtype
+        self.score, self.float_dtype, self.funcs = score, float_dtype, funcs
 
     def ev(self, e: ir.Expr) -> Any:
         ev = self.ev
@@ -125,5 +130,5 @@ class _Evaluation:
                     _tensor(v).to(self.float_dtype) if widen else v
                     for v, widen in zip(values, widened(func, [a.type for a in args]), strict=True)
                 ]
-                return _FUNCS[func](*values)
+                return self.funcs[func](*values)
         raise AssertionError(e)

@@ -80,21 +80,12 @@ def test_cuda_backward_gradients(
     torch.cuda.empty_cache()
 
 
-# document masks without causality: a key tile's live query tiles lie on both sides of the
-# one its block's walk starts at, so the walk of the tile index's bits wraps around
-DOCUMENTS_BOTH_WAYS = """attention documents_both_ways
-dims  B, H, N, D
-in    q[B, H, N, D]
-in    k[B, H, N, D]
-in    v[B, H, N, D]
-in    doc[B, N]: i32
-param scale: f32 = 1 / sqrt(D)
-s[b, h, m, n] = q[b, h, m, d] * k[b, h, n, d] * scale
-mask doc[b, m] == doc[b, n]
-p = softmax(s, n)
-o[b, h, m, d] = p[b, h, m, n] * v[b, h, n, d]
-out o
-"""
+# document masks without causality (the example's mask less `m >= n`): a key tile's live
+# query tiles lie on both sides of the one its block's walk starts at, so the walk of the
+# tile index's bits wraps around
+CAUSAL_DOCUMENTS = (EXAMPLES / "document_mask.attn").read_text()
+DOCUMENTS_BOTH_WAYS = CAUSAL_DOCUMENTS.replace(" and m >= n", "")
+assert DOCUMENTS_BOTH_WAYS != CAUSAL_DOCUMENTS
 
 
 @pytest.mark.gpu
