@@ -245,3 +245,26 @@ def test_threads_sharing_a_launch_never_mix_their_parameters(implementation: Any
         thread.join()
     assert len(seen) == 40 and all(a == b for a, b in seen)
     assert {a for a, _ in seen} == {_word(1), _word(2)}
+
+
+_CONTEXT_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+
+
+@pytest.mark.parametrize(
+    ("code", "context", "read"), [(0, 0x7F12345000, 0x7F12345000), (0, 0, 0), (201, 0xABC, 0)]
+)
+def test_the_current_context_is_read_through_the_given_entry(
+    code: int, context: int, read: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """driver.current_context through the C launcher: cuCtxGetCurrent (a stand-in here) at
+    the address it is given; 0 where the driver returns an error, as the ctypes path."""
+
+    def stand_in(out: Any) -> int:
+        out[0] = context
+        return code
+
+    entry = _CONTEXT_ENTRY(stand_in)
+    address = int(ctypes.cast(entry, ctypes.c_void_p).value or 0)
+    assert native.launcher() is not None, native.unavailable()
+    monkeypatch.setattr(driver, "context_entry", lambda: address)
+    assert driver.current_context() == read
