@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# A change to the backward timed against a baseline tree, in alternating processes (ab.py's
+# text variants reach the forward's generated module only):
+#
+#   git archive REV attncc templates grammars benchmarks examples | tar -x -C DIR
+#   bash benchmarks/backward_ab.sh DIR "SPEC [SPEC ...]" SHAPE [ROUNDS]
+#
+# DIR is made where git is (the device's copy of the tree has no history) and travels with
+# the tree. Per spec and round, one process of each side runs backward_backends.py (attncc's
+# forward, its default backward and the Triton backward, --anchors none) from its own tree
+# on SPEC's example, with caches of its own. The Triton backward is the control: the same
+# code on both sides unless the change is to it.
+set -uo pipefail
+if [ $# -lt 3 ]; then
+    echo "usage: bash benchmarks/backward_ab.sh BASELINE_DIR \"SPEC ...\" SHAPE [ROUNDS]" >&2
+    exit 2
+fi
+baseline=$1 specs=$2 shape=$3 rounds=${4:-2}
+cd "$(dirname "$0")/.."
+for spec in $specs; do
+    for round in $(seq "$rounds"); do
+        for side in baseline change; do
+            root=.
+            [ "$side" = baseline ] && root=$baseline
+            echo "== $side $spec round $round"
+            ATTNCC_CACHE_DIR=/tmp/backward_ab_cache_$side timeout 300 python3 \
+                "$root/benchmarks/backward_backends.py" "$root/examples/$spec.attn" "$shape" \
+                --rounds 2 --anchors none 2>&1 | grep -E "torch\.(bfloat16|float16):|Error"
+        done
+    done
+done
