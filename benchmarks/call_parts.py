@@ -88,7 +88,6 @@ def parts(spec: str, shape_text: str, dtype_name: str, target: str) -> dict[str,
             plan = geometry.plan
             row["plan(tensors)"] = lambda: plan(tensors)
             row.update(_triton_launch_parts(plan, tensors))
-            ab = _launchers_side_by_side(plan, lambda: kernel(*args))
     params_default = kernel.param_defaults(sizes)
     fraction = visible_fraction(kernel.ir, sizes, params_default, inputs)
     anchor = "sdpa-flash" if kernel.ir.query_axis is None else "sdpa"
@@ -167,15 +166,6 @@ def _c_and_python_launches(launch: driver.Launch, call: Callable[[], Any]) -> di
     python = driver.PythonLaunch(driver.entry_address(), *launch._config, launch.slots)
     variants = {"call, C launch": launch._issue, "call, ctypes launch": python}
     return _alternating(call, launch, "_issue", variants)
-
-
-def _launchers_side_by_side(plan: Any, call: Callable[[], Any]) -> dict[str, float]:
-    """The call replayed through attncc's launcher and through Triton's (the plan's
-    launches with and without ``issues``)."""
-    if plan.issues is None:
-        return {}
-    variants = {"call, attncc launcher": plan.issues, "call, Triton launcher": None}
-    return _alternating(call, plan, "issues", variants)
 
 
 def main(argv: list[str]) -> int:
