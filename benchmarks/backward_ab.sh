@@ -9,7 +9,9 @@
 # the tree. Per spec and round, one process of each side runs backward_backends.py (attncc's
 # forward, its default backward and the Triton backward, --anchors none) from its own tree
 # on SPEC's example, with caches of its own. The Triton backward is the control: the same
-# code on both sides unless the change is to it.
+# code on both sides unless the change is to it. With PROFILE=1 each process runs
+# backward_profile.py instead: every kernel's GPU time a backward (torch.profiler), so a
+# change to one of the backward's kernels shows apart from the others.
 set -uo pipefail
 if [ $# -lt 3 ]; then
     echo "usage: bash benchmarks/backward_ab.sh BASELINE_DIR \"SPEC ...\" SHAPE [ROUNDS]" >&2
@@ -23,6 +25,14 @@ for spec in $specs; do
             root=.
             [ "$side" = baseline ] && root=$baseline
             echo "== $side $spec round $round"
+            if [ "${PROFILE:-0}" = 1 ]; then
+                # backward_profile.py imports attncc from the path: its own tree's first
+                PYTHONPATH="$root:$root/benchmarks${PYTHONPATH:+:$PYTHONPATH}" \
+                    ATTNCC_CACHE_DIR=/tmp/backward_ab_cache_$side timeout 300 python3 \
+                    "$root/benchmarks/backward_profile.py" "$root/examples/$spec.attn" "$shape" \
+                    --no-flex 2>&1 | sed -n '/^attncc /,/backend:/p'
+                continue
+            fi
             ATTNCC_CACHE_DIR=/tmp/backward_ab_cache_$side timeout 300 python3 \
                 "$root/benchmarks/backward_backends.py" "$root/examples/$spec.attn" "$shape" \
                 --rounds 2 --anchors none 2>&1 | grep -E "torch\.(bfloat16|float16):|Error"

@@ -3,12 +3,13 @@ backward of the same spec, under torch.profiler, one table of CUDA kernels each 
 call, calls, share), so a kernel or a copy that should not be there shows at once.
 
     python3 benchmarks/backward_profile.py SPEC "B,H:KVH,S,D" [bf16|fp16] [--documents N]
-                                           [--deterministic] [--host]
+                                           [--deterministic] [--host] [--no-flex]
 
 ``--documents``: equal documents a sequence (4); ``--deterministic``: attncc's backward under
 ``torch.use_deterministic_algorithms(True)`` (two passes, no atomics, for every spec);
 ``--host``: also the CPU time to issue one backward (benchmarks/calls.py's issue_us: 200
-calls unsynchronised) and where it goes (cProfile, the top entries by own time).
+calls unsynchronised) and where it goes (cProfile, the top entries by own time);
+``--no-flex``: attncc's table alone (Flex's backward not compiled).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--documents", type=int, default=4)
     parser.add_argument("--deterministic", action="store_true")
     parser.add_argument("--host", action="store_true")
+    parser.add_argument("--no-flex", action="store_true")
     args = parser.parse_args(argv)
     spec, dtype = args.spec, {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     kernel = attncc.compile(spec)
@@ -83,6 +85,8 @@ def main(argv: list[str]) -> None:
         torch.cuda.synchronize()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
     torch.use_deterministic_algorithms(False)
+    if args.no_flex:
+        return
     from attncc.bench import anchor_runners
 
     params = kernel.param_defaults(sizes)
