@@ -193,13 +193,14 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
         "hopper",
         {**WIDE_256, "ATTNCC_TMA": 0, "ATTNCC_Q_BUFFERS": 2, "ATTNCC_DP": 192, "ATTNCC_DVP": 128},
     ),
-    # the sm_90a backward: its defaults (head dim 128, bf16, dK and dV in bf16), and head
-    # dim 64 in fp16 with float32 dK and dV (GQA's buffers)
+    # the sm_90a backward: its defaults (head dim 128, bf16, dK and dV in bf16), head dim 64
+    # in fp16 with float32 dK and dV (GQA's buffers), and GQA's at head dim 128
     "backward-bf16-128": ("backward", {}),
     "backward-f16-64": (
         "backward",
         {"ATTNCC_ELEM": "f16_t", "ATTNCC_DP": 64, "ATTNCC_DVP": 64, "ATTNCC_DKV_F32": 1},
     ),
+    "backward-bf16-128-dkv-f32": ("backward", {"ATTNCC_DKV_F32": 1}),
 }
 FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS if variant != "wgmma2-default"]
 # a mask left residual by the key interval (prefix LM's union) in the backward
