@@ -103,7 +103,7 @@ _SM90_FP8: tuple[tuple[str, int, int, Entry], ...] = (
 
 # sm_90, float32 inputs (exact products as tf32x3 unless TF32 is allowed): the best of each
 # case's tuning candidates and smaller tiles, timed as CUDA-graph replays (H200,
-# `heuristic_check.py --graphed --dtype fp32 --extra ...`, docs/performance.md "fp32 tiles").
+# `heuristic_check.py --graphed --dtype fp32 --extra ...`, docs/performance.md "Float32 tiles").
 # The 16-bit rows' 64 x 64 tiles, shrunk, ran 1.2-1.6x the best there.
 _SM90_FP32: tuple[tuple[str, int, int, Entry], ...] = (
     # Head dim 64: 32x64 w4 s3 the best of causal at 64-2048 tokens (2,8,2048,64: 245.8 us
