@@ -244,7 +244,9 @@ class _Context:
         their addresses. ``lines`` load the tables (``start``: the chunk's first key),
         ``take`` names a tile's entries (``gather_i``), ``pages`` is the host's tuple of the
         page sizes.
-        None where a gathered read has another form."""
+        None where there is none or a gathered read has another form."""
+        if not self.gathered:
+            return None
         lines: list[str] = []
         take: list[str] = []
         pages: list[str] = []
@@ -296,8 +298,6 @@ class _Context:
                 f"{name} = tl.gather({table}, tl.minimum({page} - {first}, PAGE_TABLE - 1), 0)"
             )
             pages.append(cx.host_expr(page_of.right, dims="sizes", params="params"))
-        if not self.gathered:
-            return None
         return {"lines": lines, "take": take, "pages": f"({', '.join(pages)},)"}
 
     def output(self) -> tuple[dict[str, str], dict[str, str]]:
