@@ -15,11 +15,10 @@ ELEMENTS = (("bf16_t", "bf16"), ("f16_t", "f16"))
 # e4m3 (FP8): m64nNk32 shapes, both operands K-major (the PTX ISA allows no transposed FP8
 # operand: V comes key-major), so no transpose flags; no row-sum width
 FP8_ELEMENTS = (("f8e4m3_t", "e4m3"),)
-# the backward's A-from-shared-memory MMAs whose operands are MN-major (transposed): P^T dO
-# and dS^T Q (wgmma_ss_tt: A and B, as P and dS are stored with the keys along the lines)
-# and dS K (wgmma_ss_nt: B alone, K's head dims along the lines), at N = 64 or 128
-TRANSPOSED = {"wgmma_ss_tt": "1, 1", "wgmma_ss_nt": "0, 1"}
-TRANSPOSED_WIDTHS = (64, 128)
+# the backward's A-from-shared-memory MMA whose operands are both MN-major (transposed): dS K
+# (wgmma_ss_tt: dS stored with the queries along the lines, K with its head dims), N = 64
+TRANSPOSED = {"wgmma_ss_tt": "1, 1"}
+TRANSPOSED_WIDTHS = (64,)
 
 
 def _instruction(
