@@ -61,11 +61,12 @@ def test_the_backward_backend_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("name", "keys", "head_dim", "forced", "takes"),
     [
-        ("causal", 2048, 128, False, True),
+        ("causal", 1024, 128, False, True),
         ("gqa_causal", 4096, 128, False, True),
-        ("causal", 2047, 128, False, False),  # below 2048 keys: Triton's is as fast
-        ("causal", 4096, 64, False, False),  # head dim 64: the same
-        ("causal", 1024, 64, True, True),  # ATTNCC_BACKWARD=cuda
+        ("causal", 1023, 128, False, False),  # below 1024 keys: Triton's is as fast
+        ("causal", 4096, 64, False, True),
+        ("causal", 1023, 64, False, False),
+        ("causal", 512, 64, True, True),  # ATTNCC_BACKWARD=cuda
         ("causal", 4096, 96, False, False),  # padded to 128: not measured
         ("causal", 4096, 96, True, True),
         ("causal", 4096, 160, True, False),  # past 128: no sm_90a backward
@@ -77,8 +78,8 @@ def test_which_calls_the_sm90a_backward_takes(
     name: str, keys: int, head_dim: int, forced: bool, takes: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The CUDA host module's rule for the sm_90a backward (_backward_refusal), as if on an
-    sm_90 GPU: by default head dim 128 from 2048 keys, where it measured ahead of the Triton
-    backward; asked for, any head dim up to 128 (padded to 64 or 128); never past 128."""
+    sm_90 GPU: by default head dims 64 and 128 from 1024 keys, where it measured ahead of the
+    Triton backward; asked for, any head dim up to 128 (padded to 64 or 128); never past 128."""
     host = attncc.compile(EXAMPLES / f"{name}.attn", target="cuda").module(False)
     monkeypatch.setattr(host, "_has_wgmma", lambda device: True)
     heads, kv_heads = (8, 2) if name == "gqa_causal" else (4, 4)
@@ -95,12 +96,12 @@ def test_which_calls_the_sm90a_backward_takes(
     assert (why is None) == takes, why
 
 
-@pytest.mark.parametrize(("rows", "takes"), [(4_000_000, True), (4_700_000, False)])
+@pytest.mark.parametrize(("rows", "takes"), [(8_500_000, True), (8_700_000, False)])
 def test_a_tile_index_past_shared_memory_takes_the_triton_backward(
     rows: int, takes: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The sm_90a backward keeps two bits a query tile of 64 rows for a tile index (document
-    masks) beside 209 KB of tiles: past about 4.6M rows they would not fit in an H100's or
+    masks) beside 194 KB of tiles: past about 8.6M rows they would not fit in an H100's or
     H200's 227 KB (the launch would fail), so such calls take the Triton backward."""
     host = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
     monkeypatch.setattr(host, "_has_wgmma", lambda device: True)
