@@ -98,7 +98,7 @@ class Backward:
         is the gradient of the log-sum-exp the forward wrote (batch axes, then rows);
         ``config`` picks the backend (``backend``, default the ATTNCC_BACKWARD environment
         variable, else "auto": the CUDA target's sm_90a backward where its host module takes
-        the call by default (head dim 128, from 2048 keys), else the Triton backward;
+        the call by default (head dims 64 and 128, from 1024 keys), else the Triton backward;
         "cuda": the sm_90a kernel wherever it can run; "triton"; deterministic algorithms
         always take Triton's), and for Triton overrides the kernels' tiles (``dq_config``,
         ``dkdv_config``: (block_m, block_n, num_warps, num_stages)), picks the dkdv kernel
