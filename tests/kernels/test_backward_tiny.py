@@ -96,6 +96,20 @@ def test_which_calls_the_sm90a_backward_takes(
     assert (why is None) == takes, why
 
 
+@pytest.mark.parametrize(
+    ("rows", "head_dim", "chunk"),
+    [(2048, 128, 8), (4096, 128, 4), (8192, 128, 2), (65536, 128, 2), (4096, 64, 8), (64, 64, 8)],
+)
+def test_the_sm90a_backward_interleaves_programs_whose_dq_rows_fit_8_mb(
+    rows: int, head_dim: int, chunk: int
+) -> None:
+    """The sm_90a backward's grid takes programs in chunks (their key tiles side by side):
+    2 to 8 programs, as many as keep their float32 dQ rows within 8 MB of L2, so a causal
+    program's long first key tiles run beside other programs' rather than in the last wave."""
+    host = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
+    assert host._backward_chunk(rows, head_dim) == chunk
+
+
 @pytest.mark.parametrize(("rows", "takes"), [(8_500_000, True), (8_700_000, False)])
 def test_a_tile_index_past_shared_memory_takes_the_triton_backward(
     rows: int, takes: bool, monkeypatch: pytest.MonkeyPatch
