@@ -27,7 +27,7 @@ from attncc.codegen import cuda_wgmma, host, plan, templating
 from attncc.codegen import exprs as cx
 from attncc.ir import nodes as ir
 from attncc.ir.derivative import NoDerivative, score_chain
-from attncc.ir.verify import subexprs
+from attncc.ir.verify import indices_of, subexprs
 from attncc.passes.schedule import group_subscript
 from attncc.spec import ast
 from attncc.version import __version__
@@ -615,6 +615,20 @@ class _Context:
         families = ["hopper", "mma", "fma"] + (["split"] if self.split_mode() is not None else [])
         return families + (["backward"] if self.has_backward() else [])
 
+    def walks_heads(self) -> bool:
+        """Whether the sm_90a backward's block may walk a GQA group's query heads (the host's
+        _backward_group): the group's heads are the innermost batch axis (consecutive
+        programs), its key tile's bounds, computed once for all of them, do not read the
+        head (the scale cannot: a scalar factor), and there is no tile index (a block's live
+        query tiles are its program's)."""
+        k = self.k
+        assert k.mask_plan is not None
+        if k.group is None or not k.batch_axes or k.group.head != k.batch_axes[-1]:
+            return False
+        bounds = [b.expr for b in (*k.mask_plan.lower, *k.mask_plan.upper)]
+        reads = set().union(*(indices_of(e) for e in bounds))
+        return k.group.head.index not in reads and k.tile_index is None
+
     def has_backward(self) -> bool:
         """Whether the sm_90a backward (family_backward.cu.jinja) renders for this spec: score
         modifications with a derivative for the score (the chain rule runs in the kernel;
@@ -690,6 +704,7 @@ class _Context:
             "delta_fn": f"attncc_{self.name}_bwd_delta" if backward else None,
             "dq_fn": f"attncc_{self.name}_bwd_dq" if backward else None,
             "backward_chain": self.backward_chain(self.env(False)) if backward else None,
+            "walks_heads": backward and self.walks_heads(),
             "row_ranges_fn": (
                 f"attncc_{self.name}_bwd_row_ranges" if backward and fused["tile_index"] else None
             ),

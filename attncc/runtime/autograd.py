@@ -151,6 +151,15 @@ class Backward:
             tensors[o.tensor].dtype if scatter.whole(o, inner) else torch.float32
             for o, inner in operands
         )
+        # GQA: the query heads a kv head serves, which the sm_90a backward may sum in its
+        # blocks (dK and dV then each group's, in the inputs' dtype where that is whole)
+        kv_group = scatter.kv_group(operands[1], operands[2])
+        walked_dtypes = tuple(
+            tensors[o.tensor].dtype
+            if scatter.whole(o, inner, kernel_groups=True)
+            else torch.float32
+            for o, inner in operands[1:]
+        )
         with interpreter(on_cpu):
             programs_rows = (lse.shape[:-1].numel(), lse.shape[-1])
             flat_dlse = dlse.to(torch.float32).reshape(programs_rows).contiguous()
@@ -178,6 +187,7 @@ class Backward:
                     flat_dlse,
                     call,
                     grad_dtypes,
+                    (kv_group, walked_dtypes),
                     forced,
                     side_needs,
                     verdicts,
@@ -187,8 +197,9 @@ class Backward:
                 _LAST[0] = "triton: asked for"
             elif hopper is None and deterministic:
                 _LAST[0] = "triton: deterministic algorithms asked for"
+            walked = 1  # the query heads the kernel summed dK and dV over
             if hopper is not None:
-                dq, dk, dv, launch = hopper
+                dq, dk, dv, launch, walked = hopper
             else:
                 # the Triton module (Triton's import and JIT objects) loaded where Triton's
                 # backward runs alone: the sm_90a backward needs none of it
@@ -207,17 +218,19 @@ class Backward:
                 )
                 sides = list(zip(self.sides, buffers, strict=True))
         grads: dict[str, torch.Tensor] = {}
-        for (operand, inner), buffer in zip(operands, (dq, dk, dv), strict=True):
-            scatter.add(grads, operand, buffer, inner)
-        # each buffer's operand, axes after the batch programs, and whether it sums its rows
-        parts: list[tuple[ir.Operand, tuple[str, ...], bool]] = [
-            (operand, inner, False) for operand, inner in operands
+        # each buffer's operand, axes after the batch programs, whether it sums its rows and
+        # whether the kernel summed its groups
+        parts: list[tuple[ir.Operand, tuple[str, ...], bool, bool]] = [
+            (operand, inner, False, walked > 1 and i > 0)
+            for i, (operand, inner) in enumerate(operands)
         ]
+        for (operand, inner, _, summed), buffer in zip(parts, (dq, dk, dv), strict=True):
+            scatter.add(grads, operand, buffer, inner, summed)
         for side, buffer in sides:
             side_operand = ir.Operand(side.load.tensor, side.load.indices)
             side_inner, by_row = _side_frame(side.carries, rows, keys)
             scatter.add(grads, side_operand, buffer.sum(-1) if by_row else buffer, side_inner)
-            parts.append((side_operand, side_inner, by_row))
+            parts.append((side_operand, side_inner, by_row, False))
         if self.sink_grads:
             d_sink = self._d_sink(sizes, params, tensors, out, lse, dout, flat_dlse)
             for sink in self.sink_grads:
@@ -233,7 +246,10 @@ class Backward:
             for name, need in zip(self.floats, needs, strict=True)
         ]
         if launch is not None and repeat_key is not None and not self.sink_grads:
-            recipes = [(o.tensor, scatter.recipe(o, inner), by_row) for o, inner, by_row in parts]
+            recipes = [
+                (o.tensor, scatter.recipe(o, inner, summed), by_row)
+                for o, inner, by_row, summed in parts
+            ]
             taken = tuple((name, r, by_row) for name, r, by_row in recipes if r is not None)
             if len(taken) == len(recipes):
                 offsets = (out.data_ptr() % 16, dout.data_ptr() % 16)
@@ -253,13 +269,16 @@ class Backward:
         dlse: torch.Tensor,
         call: tuple[dict[str, int], torch.dtype, torch.device],
         grad_dtypes: tuple[torch.dtype, ...],
+        kv_groups: tuple[int, tuple[torch.dtype, ...]],
         forced: bool,
         side_needs: bool,
         verdicts: dict[tuple[Any, ...], str | None],
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
-        """(dq, dk, dv, its launch plan or None) from the CUDA target's sm_90a backward (its
-        dQ added up in float32 by bulk reductions in any order: not bit-identical between
-        runs), or None where the host module refuses the call (``_backward_refusal``, unless
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any, int] | None:
+        """(dq, dk, dv, its launch plan or None, the query heads each of dk's and dv's
+        programs sums) from the CUDA target's sm_90a backward (its dQ added up in float32 by
+        bulk reductions in any order: not bit-identical between runs); ``kv_groups``: the GQA
+        group (``Scatter.kv_group``) and dk's and dv's types where the kernel sums it. None
+        where the host module refuses the call (``_backward_refusal``, unless
         ``forced`` the Triton backward where it is as fast) or a side input's gradient is
         needed (``side_needs``) or the spec has sinks; ``last_backend()`` says which and
         why. ``verdicts``: the host module's answers for this call geometry so far, by the
@@ -283,9 +302,25 @@ class Backward:
         if why is not None:
             _LAST[0] = f"triton: {why}"
             return None
-        dq_float, dkv_float = grad_dtypes[0] != dtype, grad_dtypes[1:] != (dtype, dtype)
+        group, walked_dtypes = kv_groups
+        walked = host._backward_group(group)
+        kv_dtypes = walked_dtypes if walked > 1 else grad_dtypes[1:]
+        dq_float, dkv_float = grad_dtypes[0] != dtype, kv_dtypes != (dtype, dtype)
         lse = lse.contiguous()
-        args = (tensors, params, out, lse, dout, dlse, sizes, dtype, device, dq_float, dkv_float)
+        args = (
+            tensors,
+            params,
+            out,
+            lse,
+            dout,
+            dlse,
+            sizes,
+            dtype,
+            device,
+            dq_float,
+            dkv_float,
+            walked,
+        )
         plan = host._backward_hopper_plan(*args)
         with torch.cuda.device(device):
             done = plan(tensors, out, lse, dout, dlse)
@@ -293,7 +328,7 @@ class Backward:
             plan, done = None, host._backward_hopper(*args)
         _LAST[0] = "cuda"
         dq, dk, dv = done
-        return dq, dk, dv, plan  # a BackwardPlan: called as _Repeat's launch
+        return dq, dk, dv, plan, walked  # plan: a BackwardPlan, called as _Repeat's launch
 
     def _buffers(
         self,

@@ -40,12 +40,18 @@ class Scatter:
         # how many operands (q, k, v, side inputs, sinks) each input's gradient sums
         self.contributions = {name: reads.count(name) for name in floats}
 
-    def whole(self, operand: ir.Operand, inner: tuple[str, ...]) -> bool:
+    def whole(
+        self, operand: ir.Operand, inner: tuple[str, ...], kernel_groups: bool = False
+    ) -> bool:
         """Whether ``operand``'s buffer ([batch programs, *inner]) is its tensor's whole
         gradient as it stands, a permutation away: the only read of the tensor, each
-        subscript a loop index of its own, none summed over or grouped."""
+        subscript a loop index of its own, none summed over or grouped; with
+        ``kernel_groups`` the buffer's groups summed by the kernel (``recipe``'s)."""
         if self.contributions.get(operand.tensor) != 1:
             return False
+        if kernel_groups:
+            recipe = self.recipe(operand, inner, kernel_groups=True)
+            return recipe is not None and not recipe.lacking
         frame = [a.index for a in self.k.batch_axes] + list(inner)
         names = [sub.name if isinstance(sub, ir.Index) else None for sub in operand.indices]
         return len(names) == len(frame) and set(names) == set(frame)
@@ -56,14 +62,17 @@ class Scatter:
         operand: ir.Operand,
         buffer: torch.Tensor,
         inner: tuple[str, ...],
+        kernel_groups: bool = False,
     ) -> None:
-        """Add ``buffer`` ([batch programs, *inner]) into the gradient of ``operand``'s tensor,
-        at the elements its subscripts read."""
+        """Add ``buffer`` ([batch programs, *inner]; with ``kernel_groups`` its groups
+        already summed, ``recipe``'s) into the gradient of ``operand``'s tensor, at the
+        elements its subscripts read."""
         if operand.tensor not in self.floats:
             return
         frame = [a.index for a in self.k.batch_axes] + list(inner)
         shape = [self.sizes[self.dims[i]] for i in frame]
-        recipe = self.recipe(operand, inner)
+        recipe = self.recipe(operand, inner, kernel_groups)
+        assert recipe is not None or not kernel_groups, "a kernel summed groups it has none of"
         if recipe is not None:
             # each subscript a loop index of its own (q[b, h, m, d], slopes[h]): the buffer
             # regrouped, summed and permuted (Recipe). The general scatter below builds an
@@ -96,10 +105,14 @@ class Scatter:
             base = base.to(torch.float32, copy=True)
         grads[operand.tensor] = base.index_put_(tuple(where), values, accumulate=True)
 
-    def recipe(self, operand: ir.Operand, inner: tuple[str, ...]) -> Recipe | None:
+    def recipe(
+        self, operand: ir.Operand, inner: tuple[str, ...], kernel_groups: bool = False
+    ) -> Recipe | None:
         """How ``operand``'s buffer ([batch programs, *inner]) becomes its tensor's gradient
         where each subscript reads a loop index of its own, or one divided by a size (GQA's
-        k[b, h / G, n, d]); None where the general scatter is needed."""
+        k[b, h / G, n, d]); None where the general scatter is needed. With
+        ``kernel_groups`` the buffer holds each group's sum ([b, h / G, n, d]: the sm_90a
+        backward walking a group's heads)."""
         frame = [a.index for a in self.k.batch_axes] + list(inner)
         shape = tuple(self.sizes[self.dims[i]] for i in frame)
         groups = self._groups(shape, frame, operand)
@@ -113,7 +126,27 @@ class Scatter:
         lacking = tuple(axis for axis, i in enumerate(frame) if i not in names)
         kept = [i for i in frame if i in names]
         permutation = tuple(kept.index(str(n)) for n in names)
+        if kernel_groups:
+            summed = list(shape)
+            for axis, group in splits:
+                summed[axis] //= group
+            return Recipe(tuple(summed), (), lacking, permutation)
         return Recipe(shape, tuple(sorted(splits)), lacking, permutation)
+
+    def kv_group(
+        self, key: tuple[ir.Operand, tuple[str, ...]], value: tuple[ir.Operand, tuple[str, ...]]
+    ) -> int:
+        """The query heads a kv head serves where K and V read the innermost batch axis
+        divided by the same group, and every other subscript a loop index of its own
+        (GQA's k[b, h / G, n, d]: consecutive programs share K and V); else 1."""
+        last = len(self.k.batch_axes) - 1
+        groups = set()
+        for operand, inner in (key, value):
+            recipe = self.recipe(operand, inner)
+            if recipe is None or len(recipe.splits) != 1 or recipe.splits[0][0] != last:
+                return 1
+            groups.add(recipe.splits[0][1])
+        return groups.pop() if len(groups) == 1 else 1
 
     def _groups(
         self, shape: tuple[int, ...], frame: list[str], operand: ir.Operand

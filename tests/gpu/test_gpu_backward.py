@@ -80,6 +80,62 @@ def test_cuda_backward_gradients(
     torch.cuda.empty_cache()
 
 
+# GQA with ALiBi: the scores read the query head (slopes[h]) in every step of a block
+# that walks its group's heads
+GQA_ALIBI = (
+    (EXAMPLES / "gqa_causal.attn")
+    .read_text()
+    .replace("param scale", "in    slopes[H]\nparam scale")
+    .replace("mask m >= n", "s = s - slopes[h] * (m - n)\nmask m >= n")
+)
+assert "slopes[h]" in GQA_ALIBI
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("spec_text", "seq", "head_dim", "dtype"),
+    [
+        (None, 1000, 64, torch.float16),
+        (None, 2048, 128, torch.bfloat16),
+        (GQA_ALIBI, 1000, 128, torch.bfloat16),
+        (GQA_ALIBI, 333, 64, torch.float16),
+    ],
+)
+@pytest.mark.parametrize("heads", [8, 12])
+def test_cuda_backward_walks_a_gqa_group(
+    spec_text: str | None,
+    seq: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    heads: int,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sm_90a backward's blocks walk the query heads of their GQA group (4 a kv head),
+    dK and dV summed in registers and written once: gradients by flash-attn's rule, with a
+    score modification reading each head's slope, on partial tiles, and with 2 x 12 heads
+    (6 kv programs: a grid chunk left partial)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a backward needs an sm_90 GPU")
+    monkeypatch.setenv("ATTNCC_BACKWARD", "cuda")
+    spec = None
+    if spec_text is not None:
+        spec = tmp_path / "gqa_alibi.attn"
+        spec.write_text(spec_text)
+    given, params = draw("gqa_causal", 2, heads, seq, head_dim, dtype, "cuda")
+    if spec_text is not None:
+        gen = torch.Generator().manual_seed(heads)
+        given["slopes"] = (torch.rand(heads, generator=gen) + 0.1).to("cuda", dtype)
+    kernel = attncc.compile(spec or EXAMPLES / "gqa_causal.attn", target="cuda")
+    assert kernel.module(False)._backward_group(4) == 4
+    verdicts = gradient_verdicts(
+        "gqa_causal", given, params, "cuda", "cuda", ("q", "k", "v"), spec=spec
+    )
+    failing = {n: v for n, v in verdicts.items() if not v.ok}
+    assert not failing, failing
+    torch.cuda.empty_cache()
+
+
 # document masks without causality (the example's mask less `m >= n`): a key tile's live
 # query tiles lie on both sides of the one its block's walk starts at, so the walk of the
 # tile index's bits wraps around

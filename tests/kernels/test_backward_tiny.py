@@ -97,17 +97,55 @@ def test_which_calls_the_sm90a_backward_takes(
 
 
 @pytest.mark.parametrize(
-    ("rows", "head_dim", "chunk"),
-    [(2048, 128, 8), (4096, 128, 4), (8192, 128, 2), (65536, 128, 2), (4096, 64, 8), (64, 64, 8)],
+    ("key_tiles", "chunk"), [(8, 16), (16, 16), (32, 8), (64, 4), (128, 2), (256, 1), (1, 16)]
 )
-def test_the_sm90a_backward_interleaves_programs_whose_dq_rows_fit_8_mb(
-    rows: int, head_dim: int, chunk: int
-) -> None:
-    """The sm_90a backward's grid takes programs in chunks (their key tiles side by side):
-    2 to 8 programs, as many as keep their float32 dQ rows within 8 MB of L2, so a causal
+def test_the_sm90a_backward_interleaves_the_programs_of_a_wave(key_tiles: int, chunk: int) -> None:
+    """The sm_90a backward's grid takes its block programs in chunks (their key tiles side
+    by side): the fewest whose blocks fill a wave of 132 SMs, at most 16, so a causal
     program's long first key tiles run beside other programs' rather than in the last wave."""
     host = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
-    assert host._backward_chunk(rows, head_dim) == chunk
+    assert host._backward_chunk(key_tiles, 132) == chunk
+
+
+_GQA_SPEC = """attention gqa_walk
+dims  B, H, KVH, N, D
+in    q[B, H, N, D]
+in    k[B, KVH, N, D]
+in    v[B, KVH, N, D]
+{inputs}
+let g = h / (H / KVH)
+s[b, h, m, n] = q[b, h, m, d] * k[b, g, n, d] * 0.125
+{modification}
+mask {mask}
+p = softmax(s, n)
+o[b, h, m, d] = p[b, h, m, n] * v[b, g, n, d]
+out o
+"""
+
+
+@pytest.mark.parametrize(
+    ("inputs", "modification", "mask", "walks"),
+    [
+        ("", "", "m >= n", True),
+        # read per score, within the head's own steps
+        ("in slopes[H]", "s = s - slopes[h] * (m - n)", "m >= n", True),
+        ("in temp[H]", "s = s * temp[h]", "m >= n", True),
+        # the key tile's bounds, computed once a block
+        ("param w: i32 = 256", "", "m >= n and m - n < w + h", False),
+        # a tile index: a block's live query tiles are its head's
+        ("in doc[B, N]: i32", "", "doc[b, m] == doc[b, n] and m >= n", False),
+    ],
+)
+def test_the_sm90a_backward_walks_a_gqa_group_where_the_spec_allows(
+    inputs: str, modification: str, mask: str, walks: bool
+) -> None:
+    """A block of the sm_90a backward walks the query heads of a GQA group (dK and dV summed
+    in registers) where its key tile's bounds, computed once for all of them, do not read
+    the head, and there is no tile index; without a group it has one head."""
+    text = _GQA_SPEC.format(inputs=inputs, modification=modification, mask=mask)
+    host = attncc.compile(text, target="cuda").module(False)
+    assert host._backward_group(4) == (4 if walks else 1)
+    assert host._backward_group(1) == 1
 
 
 @pytest.mark.parametrize(("rows", "takes"), [(8_500_000, True), (8_700_000, False)])
@@ -238,6 +276,38 @@ def test_a_recipe_gives_the_general_scatters_gradient(name: str) -> None:
         patch.setattr(gradients.Scatter, "recipe", lambda *_: None)
         scatter.add(general, k.key, buffer, inner)
     torch.testing.assert_close(recipe(buffer), general[k.key.tensor], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["gqa_causal", "causal"])
+def test_a_buffer_of_kernel_summed_groups_gives_the_same_gradient(name: str) -> None:
+    """Where the sm_90a backward walks a GQA group's query heads (Scatter.kv_group finds the
+    group: K and V read the innermost batch axis divided by it), its dK and dV buffers hold
+    each group's sum; their recipe then gives what the per-head buffers' recipe gives, and
+    the buffer is the input's whole gradient (written in its dtype)."""
+    kernel = attncc.compile(EXAMPLES / f"{name}.attn", target="triton", schedule="fused")
+    given, params = draw(name, 2, 4, 24, 16, torch.float32, "cpu")
+    sizes, _, _ = kernel._host._check(given, params)
+    k = kernel.ir
+    floats = tuple(n for n in kernel.input_names if given[n].is_floating_point())
+    reads = [k.query.tensor, k.key.tensor, k.value.tensor]
+    scatter = gradients.Scatter(k, sizes, params, given, floats, reads)
+    key = (k.key, (k.key_axis.index, k.head_axis.index))
+    value = (k.value, (k.key_axis.index, k.value_axis.index))
+    group = sizes["H"] // sizes["KVH"] if name == "gqa_causal" else 1
+    assert scatter.kv_group(key, value) == group
+    if group == 1:
+        return
+    assert group > 1
+    assert not scatter.whole(*key) and scatter.whole(*key, kernel_groups=True)
+    programs = 1
+    for axis in k.batch_axes:
+        programs *= sizes[axis.dim]
+    buffer = torch.randn(programs, sizes[k.key_axis.dim], sizes[k.head_axis.dim])
+    per_head = scatter.recipe(*key)
+    summed = scatter.recipe(*key, kernel_groups=True)
+    assert per_head is not None and summed is not None
+    by_group = buffer.reshape(programs // group, group, *buffer.shape[1:]).sum(1)
+    torch.testing.assert_close(summed(by_group), per_head(buffer), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["causal", "gqa_causal", "document_mask", "alibi", "bias"])
