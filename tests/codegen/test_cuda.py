@@ -194,7 +194,7 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
         {**WIDE_256, "ATTNCC_TMA": 0, "ATTNCC_Q_BUFFERS": 2, "ATTNCC_DP": 192, "ATTNCC_DVP": 128},
     ),
     # the sm_90a backward: its defaults (head dim 128, bf16, dK and dV in bf16), head dim 64
-    # in fp16 with float32 dK and dV (GQA's buffers), and GQA's at head dim 128
+    # in fp16 with float32 dK and dV (buffers summed afterwards), and those at head dim 128
     "backward-bf16-128": ("backward", {}),
     "backward-f16-64": (
         "backward",
