@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,6 +81,20 @@ def test_cuda_backward_gradients(
     torch.cuda.empty_cache()
 
 
+def _sm90a_backward(
+    spec_text: str | None, path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path | None:
+    """Ask for the sm_90a backward (skipping off an sm_90 GPU); ``spec_text`` written to
+    ``path`` (None: the example's own spec)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a backward needs an sm_90 GPU")
+    monkeypatch.setenv("ATTNCC_BACKWARD", "cuda")
+    if spec_text is None:
+        return None
+    path.write_text(spec_text)
+    return path
+
+
 # GQA with ALiBi: the scores read the query head (slopes[h]) in every step of a block
 # that walks its group's heads
 GQA_ALIBI = (
@@ -115,13 +130,7 @@ def test_cuda_backward_walks_a_gqa_group(
     dK and dV summed in registers and written once: gradients by flash-attn's rule, with a
     score modification reading each head's slope, on partial tiles, and with 2 x 12 heads
     (6 kv programs: a grid chunk left partial)."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm_90a backward needs an sm_90 GPU")
-    monkeypatch.setenv("ATTNCC_BACKWARD", "cuda")
-    spec = None
-    if spec_text is not None:
-        spec = tmp_path / "gqa_alibi.attn"
-        spec.write_text(spec_text)
+    spec = _sm90a_backward(spec_text, tmp_path / "gqa_alibi.attn", monkeypatch)
     given, params = draw("gqa_causal", 2, heads, seq, head_dim, dtype, "cuda")
     if spec_text is not None:
         gen = torch.Generator().manual_seed(heads)
@@ -157,13 +166,7 @@ def test_cuda_backward_walks_the_tile_index(
     """The sm_90a backward's blocks walk the live bits of their tile index (most query tiles
     dead with 24 documents in 1000 tokens; the walk wrapping around without causality) and
     still reach every query tile that meets their keys: gradients by flash-attn's rule."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm_90a backward needs an sm_90 GPU")
-    monkeypatch.setenv("ATTNCC_BACKWARD", "cuda")
-    spec = None
-    if spec_text is not None:
-        spec = tmp_path / "documents_both_ways.attn"
-        spec.write_text(spec_text)
+    spec = _sm90a_backward(spec_text, tmp_path / "documents_both_ways.attn", monkeypatch)
     given, params = draw("document_mask", 2, 8, 1000, 128, torch.bfloat16, "cuda")
     gen = torch.Generator().manual_seed(documents)
     doc = torch.randint(0, documents, (2, 1000), generator=gen).sort(dim=-1).values

@@ -249,25 +249,31 @@ def test_a_repeated_backward_checks_once_a_call_geometry(
     assert len(checks) == 3  # another dtype
 
 
-@pytest.mark.parametrize("name", ["gqa_causal", "causal", "alibi"])
-def test_a_recipe_gives_the_general_scatters_gradient(name: str) -> None:
-    """The recipe a repeated backward keeps for each operand (a view, the query heads of a
-    kv head summed, the axes an input lacks summed, a permutation) gives the gradient the
-    general scatter (an index_put_ at the elements each subscript reads) gives."""
+def _scatter(name: str) -> tuple[gradients.Scatter, Any, dict[str, int], int]:
+    """Example ``name``'s gradient scatter on a tiny call (B=2, H=4, S=24, D=16), with its
+    IR, sizes and batch programs."""
     kernel = attncc.compile(EXAMPLES / f"{name}.attn", target="triton", schedule="fused")
     given, params = draw(name, 2, 4, 24, 16, torch.float32, "cpu")
     sizes, _, _ = kernel._host._check(given, params)
     k = kernel.ir
     floats = tuple(n for n in kernel.input_names if given[n].is_floating_point())
     reads = [k.query.tensor, k.key.tensor, k.value.tensor]
-    scatter = gradients.Scatter(k, sizes, params, given, floats, reads)
+    programs = 1
+    for axis in k.batch_axes:
+        programs *= sizes[axis.dim]
+    return gradients.Scatter(k, sizes, params, given, floats, reads), k, sizes, programs
+
+
+@pytest.mark.parametrize("name", ["gqa_causal", "causal", "alibi"])
+def test_a_recipe_gives_the_general_scatters_gradient(name: str) -> None:
+    """The recipe a repeated backward keeps for each operand (a view, the query heads of a
+    kv head summed, the axes an input lacks summed, a permutation) gives the gradient the
+    general scatter (an index_put_ at the elements each subscript reads) gives."""
+    scatter, k, sizes, programs = _scatter(name)
     keys, head = k.key_axis.index, k.head_axis.index
     inner = (keys, head)
     recipe = scatter.recipe(k.key, inner)
     assert recipe is not None
-    programs = 1
-    for axis in k.batch_axes:
-        programs *= sizes[axis.dim]
     buffer = torch.randn(programs, sizes[k.key_axis.dim], sizes[k.head_axis.dim])
     # the general path: what add() does where no recipe applies
     general: dict[str, torch.Tensor] = {}
@@ -284,13 +290,7 @@ def test_a_buffer_of_kernel_summed_groups_gives_the_same_gradient(name: str) -> 
     group: K and V read the innermost batch axis divided by it), its dK and dV buffers hold
     each group's sum; their recipe then gives what the per-head buffers' recipe gives, and
     the buffer is the input's whole gradient (written in its dtype)."""
-    kernel = attncc.compile(EXAMPLES / f"{name}.attn", target="triton", schedule="fused")
-    given, params = draw(name, 2, 4, 24, 16, torch.float32, "cpu")
-    sizes, _, _ = kernel._host._check(given, params)
-    k = kernel.ir
-    floats = tuple(n for n in kernel.input_names if given[n].is_floating_point())
-    reads = [k.query.tensor, k.key.tensor, k.value.tensor]
-    scatter = gradients.Scatter(k, sizes, params, given, floats, reads)
+    scatter, k, sizes, programs = _scatter(name)
     key = (k.key, (k.key_axis.index, k.head_axis.index))
     value = (k.value, (k.key_axis.index, k.value_axis.index))
     group = sizes["H"] // sizes["KVH"] if name == "gqa_causal" else 1
@@ -299,9 +299,6 @@ def test_a_buffer_of_kernel_summed_groups_gives_the_same_gradient(name: str) -> 
         return
     assert group > 1
     assert not scatter.whole(*key) and scatter.whole(*key, kernel_groups=True)
-    programs = 1
-    for axis in k.batch_axes:
-        programs *= sizes[axis.dim]
     buffer = torch.randn(programs, sizes[k.key_axis.dim], sizes[k.head_axis.dim])
     per_head = scatter.recipe(*key)
     summed = scatter.recipe(*key, kernel_groups=True)
