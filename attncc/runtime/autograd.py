@@ -154,12 +154,14 @@ class Backward:
         # GQA: the query heads a kv head serves, which the sm_90a backward may sum in its
         # blocks (dK and dV then each group's, in the inputs' dtype where that is whole)
         kv_group = scatter.kv_group(operands[1], operands[2])
-        walked_dtypes = tuple(
-            tensors[o.tensor].dtype
-            if scatter.whole(o, inner, kernel_groups=True)
-            else torch.float32
-            for o, inner in operands[1:]
-        )
+        walked_dtypes = grad_dtypes[1:]
+        if kv_group > 1:
+            walked_dtypes = tuple(
+                tensors[o.tensor].dtype
+                if scatter.whole(o, inner, kernel_groups=True)
+                else torch.float32
+                for o, inner in operands[1:]
+            )
         with interpreter(on_cpu):
             programs_rows = (lse.shape[:-1].numel(), lse.shape[-1])
             flat_dlse = dlse.to(torch.float32).reshape(programs_rows).contiguous()
