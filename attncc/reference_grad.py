@@ -134,11 +134,13 @@ def attention(
         sink = torch.as_tensor(evaluate(kernel.sink, frame, sizes, params, tensors, None, wide))
         sink = torch.broadcast_to(sink.to(device, wide), (*logits.shape[:-1], 1))
         logits = torch.cat([logits, sink], -1)
+    # the weights meet V in V's dtype: a score term of index arithmetic alone (a float32
+    # distance) has promoted the scores past 16-bit inputs, as eager PyTorch promotes them
     if wide == torch.float64 or softmax_backward == "autograd":
-        probs = _softmax(logits)[..., : v.shape[-2]].to(scores.dtype)
+        probs = _softmax(logits)[..., : v.shape[-2]].to(v.dtype)
         out = probs @ v  # [*batch, rows, value]
     else:
-        out = _FlashSoftmaxValue.apply(logits, v, scores.dtype)  # type: ignore[no-untyped-call]
+        out = _FlashSoftmaxValue.apply(logits, v, v.dtype)  # type: ignore[no-untyped-call]
     if query is None:
         out = out.squeeze(-2)
         have = [*batch, value]

@@ -159,3 +159,26 @@ def test_gradient_floor_scales_with_the_square_root_of_the_terms() -> None:
     assert not compare_grad(actual, exact, exact, "float32", terms=4).ok
     verdict = compare_grad(actual, exact, exact, "float32", terms=9)
     assert verdict.ok and verdict.bound == pytest.approx(3 * floor("float32"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_evaluation_of_a_score_term_from_indices(
+    dtype: torch.dtype, tmp_path: Path
+) -> None:
+    """A score modification of index arithmetic alone (a float32 term) promotes the scores
+    past the inputs' 16-bit dtype: the weights still meet V in V's dtype, and both naive
+    evaluations (autograd's softmax backward and the flash one) give the gradients."""
+    spec = tmp_path / "distance.attn"
+    spec.write_text(
+        (EXAMPLES / "fused.attn")
+        .read_text()
+        .replace("p = softmax", "s = s - abs(m - n) * 0.01\np = softmax")
+    )
+    tensors = inputs_for("fused")
+    grad_out = randn(1, 2, 5, 3, seed=9)
+    _, exact = reference_grad.reference_grads(spec, tensors, grad_out)
+    rough = reference_grad.eager_grads(spec, tensors, grad_out, dtype=dtype)
+    for name in ("q", "k", "v"):
+        for grads in rough[name]:
+            error = (grads.to(F64) - exact[name]).abs().max().item()
+            assert 0 < error < 0.05
