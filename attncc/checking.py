@@ -377,6 +377,36 @@ def _layout(t: torch.Tensor, layout: str, rng: np.random.Generator) -> torch.Ten
     return t
 
 
+# functions whose first argument must be positive (pow: a negative base needs an integer
+# exponent)
+_POSITIVE_ARGUMENT = ("log", "sqrt", "pow")
+# where an input the spec divides by, or takes a log, square root or power of, is drawn
+DOMAIN_DRAW = (0.5, 2.0)
+
+
+def domain_inputs(kernel: AttentionKernel) -> frozenset[str]:
+    """The float inputs read inside a divisor or the argument of a log, a square root or a
+    power's base. Drawn from N(0, 1), a log's argument would be negative in half the draws
+    (NaN, every trial failed) and a divisor near zero in some: a per-head temperature of
+    -0.04 made scores of 100 and more, where storing the log-sum-exp in float32 alone costs
+    a gradient more than any naive evaluation's error (dv 1.87e-4 against a bound of
+    7.75e-5, fp32, `s = s / temp[h]`)."""
+    exprs = [kernel.score_scale, *kernel.score_mods, *kernel.masks]
+    if kernel.sink is not None:
+        exprs.append(kernel.sink)
+    names: set[str] = set()
+    for expr in exprs:
+        for sub in subexprs(expr):
+            if isinstance(sub, ir.BinOp) and sub.op == "/" and sub.type == "float":
+                inside: tuple[ir.Expr, ...] = (sub.right,)
+            elif isinstance(sub, ir.Call) and sub.func in _POSITIVE_ARGUMENT:
+                inside = sub.args[:1]
+            else:
+                continue
+            names.update(e.tensor for a in inside for e in subexprs(a) if isinstance(e, ir.Load))
+    return frozenset(names)
+
+
 def make_inputs(
     kernel: AttentionKernel,
     sizes: dict[str, int],
@@ -385,13 +415,16 @@ def make_inputs(
     rng: np.random.Generator,
     layout: str = "contiguous",
 ) -> dict[str, torch.Tensor]:
-    """Random inputs: floats ~ N(0, 1), in ``dtype`` unless declared in another (an `f32`
-    bias stays f32 beside bf16 q, k, v); integers that index another tensor (page tables)
+    """Random inputs: floats ~ N(0, 1), or uniform over ``DOMAIN_DRAW`` for those the spec
+    divides by or takes a log, square root or power of (``domain_inputs``), in ``dtype``
+    unless declared in another (an `f32` bias stays f32 beside bf16 q, k, v); integers
+    that index another tensor (page tables)
     uniform over that dim; other integers sorted in [0, key length] along the last axis
     (document ids, cache lengths); booleans fair coins."""
     gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
     key_size = sizes[kernel.key_axis.dim]
     indexing = index_tensor_dims(kernel)
+    bounded = domain_inputs(kernel)
     inputs = {}
     for arg in kernel.tensors:
         shape = tuple(sizes[d] for d in arg.dims)
@@ -405,8 +438,12 @@ def make_inputs(
         elif arg.dtype == "bool":
             tensor = torch.rand(shape, generator=gen) < 0.5
         else:
-            tensor = torch.randn(shape, generator=gen).to(DECLARED_DTYPES.get(arg.dtype, dtype))
-            tensor = _layout(tensor, layout, rng)
+            if arg.name in bounded:
+                low, high = DOMAIN_DRAW
+                tensor = low + (high - low) * torch.rand(shape, generator=gen)
+            else:
+                tensor = torch.randn(shape, generator=gen)
+            tensor = _layout(tensor.to(DECLARED_DTYPES.get(arg.dtype, dtype)), layout, rng)
         inputs[arg.name] = tensor.to(device)
     return inputs
 

@@ -129,6 +129,39 @@ def test_a_side_input_declared_f32_stays_f32_beside_bf16_operands() -> None:
     assert {inputs[n].dtype for n in ("q", "k", "v")} == {torch.bfloat16}
 
 
+# a per-head temperature the scores are divided by, and a per-head weight taken the log of
+DOMAINS = (
+    (EXAMPLES / "alibi.attn")
+    .read_text()
+    .replace("in    slopes[H]", "in    slopes[H]\nin    temp[H]\nin    w[H]")
+    .replace("s = s - slopes[h] * (m - n)", "s = s / temp[h] + log(w[h]) - slopes[h] * (m - n)")
+)
+
+
+def test_inputs_a_spec_divides_by_or_takes_the_log_of_are_drawn_inside_their_domain() -> None:
+    """N(0, 1) would put a log's argument below zero in half the draws (NaN: every trial
+    fails) and a divisor near zero in some (scores of hundreds, a problem no 32-bit
+    evaluation conditions well); those inputs are drawn from [0.5, 2], the others as before."""
+    _, kernel = attncc.optimise(DOMAINS)
+    rng = np.random.default_rng(0)
+    sizes = draw_sizes(kernel, rng, max_len=16)
+    sizes["H"] = 4096  # many draws of each
+    inputs = make_inputs(kernel, sizes, torch.float32, "cpu", rng)
+    for name in ("temp", "w"):
+        assert inputs[name].min().item() >= 0.5 and inputs[name].max().item() <= 2.0
+    assert inputs["slopes"].min().item() < 0  # N(0, 1)
+
+
+def test_a_spec_with_a_log_and_a_divisor_passes_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "domains.attn"
+    spec.write_text(DOMAINS)
+    argv = ["check", str(spec), "--device", "cpu", "--trials", "3", "--max-len", "24"]
+    assert cli.main([*argv, "--target", "triton"]) == 0, capsys.readouterr()
+    assert cli.main([*argv, "--target", "triton", "--backward"]) == 0, capsys.readouterr()
+
+
 def test_operands_declared_in_one_dtype_are_drawn_in_it() -> None:
     spec = (EXAMPLES / "causal.attn").read_text()
     for name in ("q", "k", "v"):
