@@ -388,9 +388,9 @@ def domain_inputs(kernel: AttentionKernel) -> frozenset[str]:
     """The float inputs read inside a divisor or the argument of a log, a square root or a
     power's base. Drawn from N(0, 1), a log's argument would be negative in half the draws
     (NaN, every trial failed) and a divisor near zero in some: a per-head temperature of
-    -0.04 made scores of 100 and more, where storing the log-sum-exp in float32 alone costs
-    a gradient more than any naive evaluation's error (dv 1.87e-4 against a bound of
-    7.75e-5, fp32, `s = s / temp[h]`)."""
+    -0.04 made scores of 100 and more, where weights recomputed from a float32
+    log-sum-exp (every flash backward's) round worse than a naive softmax (dv 1.87e-4
+    against a bound of 7.75e-5, fp32, `s = s / temp[h]`)."""
     exprs = [kernel.score_scale, *kernel.score_mods, *kernel.masks]
     if kernel.sink is not None:
         exprs.append(kernel.sink)
@@ -418,9 +418,9 @@ def make_inputs(
     """Random inputs: floats ~ N(0, 1), or uniform over ``DOMAIN_DRAW`` for those the spec
     divides by or takes a log, square root or power of (``domain_inputs``), in ``dtype``
     unless declared in another (an `f32` bias stays f32 beside bf16 q, k, v); integers
-    that index another tensor (page tables)
-    uniform over that dim; other integers sorted in [0, key length] along the last axis
-    (document ids, cache lengths); booleans fair coins."""
+    that index another tensor (page tables) uniform over that dim; other integers sorted
+    in [0, key length] along the last axis (document ids, cache lengths); booleans fair
+    coins."""
     gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
     key_size = sizes[kernel.key_axis.dim]
     indexing = index_tensor_dims(kernel)
