@@ -126,10 +126,11 @@ def kernels(tree: Path, spec: Path, family: str, defines: list[str], work: Path)
             info[name][1:] = [int(m.group(1)), int(m.group(2))]
         elif (m := PTXAS_REGISTERS.search(line)) and name:
             info[name][0] = int(m.group(1))
+    dump = cuobjdump()
     result = []
     for entry, (registers, stores, loads) in info.items():
         sass = subprocess.run(
-            [cuobjdump(), "-sass", "-fun", entry, str(cubin)], capture_output=True, text=True
+            [dump, "-sass", "-fun", entry, str(cubin)], capture_output=True, text=True
         ).stdout
         result.append(Kernel(entry, registers, stores, loads, loops(sass)))
     return result
@@ -152,6 +153,8 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("--kernel", default="", help="only kernels whose names match this regex")
     args = parser.parse_args(argv)
+    if shutil.which("nvcc") is None:
+        sys.exit("kernel_sass.py: no nvcc on PATH")
     defines = args.defines or ["ATTNCC_DP=128", "ATTNCC_DVP=128"]
     spec = args.spec.resolve()
     trees = [ROOT, *(b.resolve() for b in args.baseline)]
