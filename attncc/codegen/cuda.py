@@ -206,17 +206,21 @@ class _Context:
         return lines
 
     def score_row_lines(self, env: cu.CudaEnv) -> list[str]:
-        """Lines where a row's scores of a tile start (its row index in scope)."""
-        factor = self.score_factor(env)
-        return [] if factor is None else [f"const float score_factor = {factor};"]
+        """Lines where a row's scores of a tile start (its row index in scope): the row's
+        ``score_factor`` (hopper.cu.jinja's seen_tile computes ``score_factors`` before the
+        tile's MMAs)."""
+        if self.score_factor(env) is None:
+            return []
+        return ["const float score_factor = score_factors[mt][h];"]
 
     def score_factor(self, env: cu.CudaEnv) -> str | None:
         """Where every score mod of an FP8 kernel only multiplies the score (its descales:
         ``s * q_descale[..] * k_descale[..]``), the product of the scale, those factors and
-        log2(e): one number a row and tile (``score_factor``, computed where a row's scores
-        start), one multiply a score. Rendered into each score, the factors' guarded loads
-        were not shared between scores: 526 global loads in the kernel's SASS, now 30, and
-        1242 us a call, now 935 (1,16,8192,128, H200)."""
+        log2(e): one number a row and tile, one multiply a score. Rendered into each score,
+        the factors' guarded loads were not shared between scores: 526 global loads in the
+        kernel's SASS, now 30, and 1242 us a call, then 935 (1,16,8192,128, H200). Computed
+        before the tile's MMAs, not after S's wait, the loads' latency runs under the MMAs:
+        925.6 -> 787.2 us full, 566.4 -> 480.0 causal (same shape and GPU, ``benchmarks/ab.py``)."""
         factors, mods = plan.score_factors(self.k.score_mods)
         if not factors or mods or not self.k.fp8:  # FP8: the fused sm_90a kernel alone
             return None
@@ -409,6 +413,7 @@ class _Context:
         named = cu.CudaEnv(env.indices, env.tensors, env.bounded, env.score, blocks)
         values["score_lines"] = self.score_lines(named)
         values["score_row_lines"] = self.score_row_lines(named)
+        values["score_factor"] = self.score_factor(named)
         values["value_scale"] = None
         if k.value_scale is not None:
             values["value_scale"] = cu.cuda_expr(k.value_scale, named)

@@ -11,6 +11,7 @@ parallel; the CI time stays well under a minute.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -399,6 +400,23 @@ def test_fp8_score_factor_read_by_the_key_stays_a_score_multiply(tmp_path: Path)
     source = tmp_path / "fp8_key.cu"
     source.write_text(rendered_.standalone())
     nvcc(source, tmp_path / "o.ptx", "--ptx")
+
+
+def test_fp8_score_factors_are_read_before_the_tiles_mmas() -> None:
+    """Each tile's descales are loaded before its S = Q K^T is issued, so their latency runs
+    under the MMAs (read after S's wait, they cost the kernel 15%), and each score reads its
+    row's factor from a register."""
+    source = build(EXAMPLES / "fp8_causal.attn", target="cuda").source
+    # split where a seen tile's scores are declared: the group's first tile and each later one
+    parts = source.split("float sc[M_TILES][BN / 8][4];")
+    assert len(parts) == 3
+    for before, tile in itertools.pairwise(parts):
+        preamble = before[before.rindex("const int s = i % STAGES;") :]
+        assert "score_factors[mt][h] = " in preamble and "t_k_descale[" in preamble
+        assert preamble.index("score_factors[mt][h] = ") < preamble.index("named_barrier_sync")
+        scores = tile[: tile.index("online softmax")]
+        assert "wgmma_wait<" in scores and "t_k_descale[" not in scores
+        assert "const float score_factor = score_factors[mt][h];" in scores
 
 
 def test_golden_cuda_source() -> None:
