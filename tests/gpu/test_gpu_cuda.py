@@ -504,6 +504,50 @@ def test_fp8_kernel_zero_value_scale_adds_nothing() -> None:
     assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
 
 
+@pytest.mark.parametrize("name", ["fp8_block", "fp8_causal"])
+def test_fp8_kernel_descales_of_any_sign(name: str) -> None:
+    """Negative and zero descales beside positive ones in one head (a kernel that took the
+    max of raw dot products and scaled it after, as with a positive factor, gets these
+    rows wrong): the result is the attention of the dequantised inputs, within the Triton
+    FP8 kernel's error of it."""
+    import dataclasses
+    import math
+
+    from attncc.fp8 import quantize
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUDA FP8 kernel needs an sm_90 GPU (H100/H200)")
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 640, 128, device="cuda", generator=gen) for _ in range(3))
+    x = quantize(q, k, v, block=(128, 128))
+    q_descale, k_descale = x.q_descale.clone(), x.k_descale.clone()
+    q_descale[:, 0, 1] *= -1.0  # a negative factor a query block long
+    k_descale[:, 0, 2] *= -1.0  # and one a key block long, in the same head
+    k_descale[:, 1, 3] = 0.0  # a zero factor: that block's scores are all 0
+    x = dataclasses.replace(x, q_descale=q_descale, k_descale=k_descale)
+    args = (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
+    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.attn"
+    cuda = attncc.compile(path, target="cuda")(*args)
+    triton_out = attncc.compile(path, target="triton")(*args)
+
+    def dequantised(t: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+        return t.double() * descale.double().repeat_interleave(128, -1)[..., None]
+
+    k_rows = dequantised(x.k, x.k_descale)
+    v_rows = dequantised(x.v, x.v_descale)
+    s = dequantised(x.q, x.q_descale) @ k_rows.transpose(-1, -2) / math.sqrt(128)
+    if name == "fp8_causal":
+        mask = torch.ones(640, 640, dtype=torch.bool, device="cuda").tril()
+        s = s.masked_fill(~mask, float("-inf"))
+    exact = torch.softmax(s, -1) @ v_rows
+
+    def rmse(out: torch.Tensor) -> float:
+        return float((out.double() - exact).pow(2).mean().sqrt())
+
+    assert torch.isfinite(cuda).all()
+    assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
+
+
 WGMMA_CONFIGS = [
     {"wgmma": 1, "num_warps": w, "BLOCK_N": n} for w, n in ((8, 128), (8, 64), (4, 128), (4, 64))
 ]
