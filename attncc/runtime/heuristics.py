@@ -1,6 +1,7 @@
 """The launch configuration a Triton call uses when nothing was tuned for it: a checked-in table.
 
-Keyed by (arch family, schedule, head-dim bucket, dtype, key-length bucket); each entry is a
+Keyed by (arch family, schedule, head-dim bucket, dtype, key-length bucket, whether the spec
+masks keys); each entry is a
 ``TileConfig`` plus, for the split-KV schedules, ``waves`` (how many times over the key-axis
 splits fill the GPU). First calls take it instead of tuning (tuning a prefill spec took 15 s
 on an H100 and over 200 s with a per-head input on an H200); ``attncc tune`` writes tuned
@@ -58,7 +59,8 @@ class Entry:
         return config
 
 
-Key = tuple[str, str, int, str, int]  # arch, schedule, head-dim bucket, dtype, length bucket
+# arch, schedule, head-dim bucket, dtype, length bucket, masked (the spec has a mask)
+Key = tuple[str, str, int, str, int, bool]
 
 # sm_90, 16-bit inputs: (schedule, head-dim bucket, length bucket, entry); 0 = any length.
 _SM90_16BIT: tuple[tuple[str, int, int, Entry], ...] = (
@@ -116,6 +118,17 @@ _SM90_FP32: tuple[tuple[str, int, int, Entry], ...] = (
 )
 
 
+# sm_90, float32, specs without a mask (every row sees every key): where a masked spec's
+# (causal's) pick is not theirs.
+_SM90_FP32_MASK_FREE: tuple[tuple[str, int, int, Entry], ...] = (
+    # Head dim 64, 1025-8192 keys: 128x64 w8 s3 ran full 2,8,2048,64 in 332.4 us against
+    # 390.5 for causal's 32x64 w4 (and 1.13x causal's time at causal 2,8,2048,64); at 512
+    # keys 32x64 w4 stays the best (28.9 against 45.3 us) (H200, CUDA-graph replays,
+    # `heuristic_fp32_sweep_h200.jsonl`).
+    ("fused", 64, 8192, Entry(TileConfig(128, 64, 8, 3))),
+)
+
+
 def estimate_bytes(tile: TileConfig, head_dim: int, value_dim: int, itemsize: int) -> int:
     """The generated host's shared-memory estimate: Q once, K and V per stage, and a quarter
     on top for layout conversions."""
@@ -144,19 +157,20 @@ def fit(tile: TileConfig, head_dim: int, value_dim: int, itemsize: int, limit: i
 
 
 def _rule(
-    own: tuple[tuple[str, int, int, Entry], ...],
+    own: tuple[tuple[tuple[str, int, int, Entry], ...], ...],
     rows: tuple[tuple[str, int, int, Entry], ...],
     schedule: str,
     d: int,
     n: int,
 ) -> Entry:
     """The most specific row for (schedule, head-dim bucket, length bucket): the smallest
-    head-dim bound covering ``d``, a row of the dtype's ``own`` there over the shared
-    ``rows``, then a row of length ``n`` over an any-length row."""
+    head-dim bound covering ``d``, a row of the first of ``own`` (the dtype's tables, the
+    most specific first) that has one there over the shared ``rows``, then a row of length
+    ``n`` over an any-length row."""
     for bound in HEAD_DIM_BUCKETS:
         if bound < d:
             continue
-        for table in (own, rows):
+        for table in (*own, rows):
             found = [r for r in table if r[0] == schedule and r[1] == bound and r[2] in (n, 0)]
             if found:
                 return max(found, key=lambda r: r[2] == n)[3]
@@ -172,8 +186,14 @@ def _cpu_entry(schedule: str, d: int) -> Entry:
     return Entry(replace(tile, tma=tile.tma and schedule == "fused"))
 
 
-# the rows a dtype takes before the 16-bit ones (those where it differs)
-_ROWS = {"float8_e4m3fn": _SM90_FP8, "float32": _SM90_FP32}
+# the rows a dtype takes before the 16-bit ones (those where it differs), by whether the spec
+# masks keys, the most specific first
+_ROWS = {
+    ("float8_e4m3fn", True): (_SM90_FP8,),
+    ("float8_e4m3fn", False): (_SM90_FP8,),
+    ("float32", True): (_SM90_FP32,),
+    ("float32", False): (_SM90_FP32_MASK_FREE, _SM90_FP32),
+}
 
 
 def _build() -> dict[Key, Entry]:
@@ -183,13 +203,16 @@ def _build() -> dict[Key, Entry]:
             for d in HEAD_DIM_BUCKETS:
                 for n in LENGTH_BUCKETS:
                     for dtype in DTYPES:
-                        if arch == "cpu":
-                            table[arch, schedule, d, dtype, n] = _cpu_entry(schedule, d)
-                            continue
-                        entry = _rule(_ROWS.get(dtype, ()), _SM90_16BIT, schedule, d, n)
-                        tile = entry.tile if arch == "sm90" else replace(entry.tile, tma=False)
-                        tile = fit(tile, d, d, ITEMSIZE[dtype], SHARED_MEMORY[arch])
-                        table[arch, schedule, d, dtype, n] = replace(entry, tile=tile)
+                        for masked in (True, False):
+                            key = (arch, schedule, d, dtype, n, masked)
+                            if arch == "cpu":
+                                table[key] = _cpu_entry(schedule, d)
+                                continue
+                            own = _ROWS.get((dtype, masked), ())
+                            entry = _rule(own, _SM90_16BIT, schedule, d, n)
+                            tile = entry.tile if arch == "sm90" else replace(entry.tile, tma=False)
+                            tile = fit(tile, d, d, ITEMSIZE[dtype], SHARED_MEMORY[arch])
+                            table[key] = replace(entry, tile=tile)
     return table
 
 
@@ -243,6 +266,7 @@ def key_for(
         bucket(head_dim, HEAD_DIM_BUCKETS),
         "float8_e4m3fn" if kernel.fp8 else str(dtype).removeprefix("torch."),
         bucket(sizes[kernel.key_axis.dim], LENGTH_BUCKETS),
+        bool(kernel.masks),
     )
 
 
