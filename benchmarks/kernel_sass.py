@@ -12,8 +12,9 @@ cuda`` in a process of its own, nvcc compiles the family's source for sm_90a wit
 defines (default: head dims of 128), and for each kernel the script prints ptxas's
 registers and spill bytes, then every loop of the machine code longer than 64 instructions
 (a conditional branch back; nested loops print each): where it starts and ends, its
-instructions, and how many are warp-group MMAs (HGMMA), copies (LDGSTS), local loads and
-stores (LDL / STL: spills inside a loop cost every trip) and barrier waits (SYNCS).
+instructions, and how many are warp-group MMAs (HGMMA; QGMMA in FP8), copies (LDGSTS),
+local loads and stores (LDL / STL: spills inside a loop cost every trip) and barrier waits
+(SYNCS).
 
 Needs nvcc and cuobjdump (from the CUDA toolkit, or the copy Triton's wheel carries).
 """
@@ -38,7 +39,7 @@ BRANCH = re.compile(r"\bBRA(?:\.U\.ANY|\.DIV)?\s+(?:!?U?P\d,\s*)?0x([0-9a-f]+)")
 PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
-COUNTED = ("HGMMA", "LDGSTS", "LDL", "STL", "SYNCS")
+COUNTED = ("HGMMA", "QGMMA", "LDGSTS", "LDL", "STL", "SYNCS")
 SHORTEST_LOOP = 64
 
 

@@ -30,6 +30,7 @@ def test_a_conditional_branch_back_is_a_loop_and_its_body_is_counted() -> None:
     assert loop.counts == {
         "instructions": len(body) + 1,
         "HGMMA": 1,
+        "QGMMA": 0,
         "LDGSTS": 0,
         "LDL": 1,
         "STL": 0,
