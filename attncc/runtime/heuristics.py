@@ -9,8 +9,9 @@ entries that later calls prefer (attncc.runtime.autotune).
 
 The 16-bit sm_90 rows are the tuner's picks from the sweeps and matrices already run (each
 row names its measurement), the FP8 row at head dim 128 the best of an FP8 tile sweep, and the
-float32 fused rows at head dims 64 and 128 the best of a float32 tile sweep; other FP8 and
-float32 rows are the 16-bit ones. The sm_80 / other rows were never measured:
+float32 fused rows at head dims 64 and 128 the best of a float32 tile sweep (with a row of
+their own for specs without a mask where full attention's best differs from causal's); other
+FP8 and float32 rows are the 16-bit ones. The sm_80 / other rows were never measured:
 they are the sm_90 row of their dtype (without TMA where the GPU has none) shrunk until it
 fits that arch's shared memory, by the same estimate and steps the generated host's default
 used.
