@@ -20,6 +20,7 @@ used.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -187,33 +188,27 @@ def _cpu_entry(schedule: str, d: int) -> Entry:
     return Entry(replace(tile, tma=tile.tma and schedule == "fused"))
 
 
-# the rows a dtype takes before the 16-bit ones (those where it differs), by whether the spec
-# masks keys, the most specific first
-_ROWS = {
-    ("float8_e4m3fn", True): (_SM90_FP8,),
-    ("float8_e4m3fn", False): (_SM90_FP8,),
-    ("float32", True): (_SM90_FP32,),
-    ("float32", False): (_SM90_FP32_MASK_FREE, _SM90_FP32),
-}
+# the rows a dtype takes before the 16-bit ones (those where it differs), and before those
+# the rows a spec without a mask takes
+_ROWS = {"float8_e4m3fn": _SM90_FP8, "float32": _SM90_FP32}
+_MASK_FREE_ROWS = {"float32": _SM90_FP32_MASK_FREE}
 
 
 def _build() -> dict[Key, Entry]:
     table: dict[Key, Entry] = {}
-    for arch in ARCHS:
-        for schedule in SCHEDULES:
-            for d in HEAD_DIM_BUCKETS:
-                for n in LENGTH_BUCKETS:
-                    for dtype in DTYPES:
-                        for masked in (True, False):
-                            key = (arch, schedule, d, dtype, n, masked)
-                            if arch == "cpu":
-                                table[key] = _cpu_entry(schedule, d)
-                                continue
-                            own = _ROWS.get((dtype, masked), ())
-                            entry = _rule(own, _SM90_16BIT, schedule, d, n)
-                            tile = entry.tile if arch == "sm90" else replace(entry.tile, tma=False)
-                            tile = fit(tile, d, d, ITEMSIZE[dtype], SHARED_MEMORY[arch])
-                            table[key] = replace(entry, tile=tile)
+    keys = itertools.product(
+        ARCHS, SCHEDULES, HEAD_DIM_BUCKETS, DTYPES, LENGTH_BUCKETS, (True, False)
+    )
+    for key in keys:
+        arch, schedule, d, dtype, n, masked = key
+        if arch == "cpu":
+            table[key] = _cpu_entry(schedule, d)
+            continue
+        mask_free = () if masked else _MASK_FREE_ROWS.get(dtype, ())
+        entry = _rule((mask_free, _ROWS.get(dtype, ())), _SM90_16BIT, schedule, d, n)
+        tile = entry.tile if arch == "sm90" else replace(entry.tile, tma=False)
+        tile = fit(tile, d, d, ITEMSIZE[dtype], SHARED_MEMORY[arch])
+        table[key] = replace(entry, tile=tile)
     return table
 
 
