@@ -548,6 +548,47 @@ def test_fp8_kernel_descales_of_any_sign(name: str) -> None:
     assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
 
 
+@pytest.mark.parametrize("name", ["fp8_block", "fp8_causal"])
+def test_fp8_kernel_value_scales_far_apart(name: str) -> None:
+    """Value blocks whose descales jump by factors on both sides of the ratios the kernel
+    folds into its weights (1/8 to 7/4): every tile either folds or moves O to its scale,
+    and the result is the attention of the dequantised inputs within the Triton FP8
+    kernel's error of it."""
+    import dataclasses
+    import math
+
+    from attncc.fp8 import quantize
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUDA FP8 kernel needs an sm_90 GPU (H100/H200)")
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    q, k, v = (torch.randn(2, 2, 1152, 128, device="cuda", generator=gen) for _ in range(3))
+    x = quantize(q, k, v, block=(128, 128))
+    jumps = torch.tensor([1.0, 1.7, 1.8, 0.13, 0.12, 8.0, 0.5, 1.0, 40.0], device="cuda")
+    x = dataclasses.replace(x, v_descale=x.v_descale * jumps.cumprod(0))
+    args = (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
+    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.attn"
+    cuda = attncc.compile(path, target="cuda")(*args)
+    triton_out = attncc.compile(path, target="triton")(*args)
+
+    def dequantised(t: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+        return t.double() * descale.double().repeat_interleave(128, -1)[..., None]
+
+    v_rows = dequantised(x.v, x.v_descale)
+    s = dequantised(x.q, x.q_descale) @ dequantised(x.k, x.k_descale).transpose(-1, -2)
+    s = s / math.sqrt(128)
+    if name == "fp8_causal":
+        mask = torch.ones(1152, 1152, dtype=torch.bool, device="cuda").tril()
+        s = s.masked_fill(~mask, float("-inf"))
+    exact = torch.softmax(s, -1) @ v_rows
+
+    def rmse(out: torch.Tensor) -> float:
+        return float((out.double() - exact).pow(2).mean().sqrt())
+
+    assert torch.isfinite(cuda).all()
+    assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
+
+
 WGMMA_CONFIGS = [
     {"wgmma": 1, "num_warps": w, "BLOCK_N": n} for w, n in ((8, 128), (8, 64), (4, 128), (4, 64))
 ]
