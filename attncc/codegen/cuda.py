@@ -716,6 +716,7 @@ class _Context:
             "rows_fn": None if k.schedule == "split_kv" else f"attncc_{self.name}_rows",
             "fused": fused,
             "tile_index_masks": len(fused["tile_index"]["masks"]) if fused["tile_index"] else 0,
+            "partial_tiles_read_keys": int(fused["keys_early"]),
             "index_fn": fused["tile_index"]["build_fn"] if fused["tile_index"] else None,
             "index_programs_host": (
                 fused["tile_index"]["programs_host"] if fused["tile_index"] else "1"

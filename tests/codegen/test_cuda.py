@@ -575,18 +575,22 @@ def test_head_dim_64_takes_one_mma_group_where_its_items_fill_the_gpu_sooner(
 def test_wgmma_tiles_by_head_dim_and_tile_index(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sm_90a tiles the host picks: two MMA groups with ping-pong, three on 192-row tiles
     for head dims up to 64 (their register budget holds only narrow outputs), with a tile
-    index too (each group reads its own tiles' bits), 128 x 64 tiles past head dim 128; a
-    config asking for three groups at head dim 128 is refused by name."""
+    index too (each group reads its own tiles' bits), 128 x 64 tiles past head dim 128 and
+    for document masks at 128 (whose partial tiles read key ids; varlen's compare key
+    indices and keep 128 keys); a config asking for three groups at head dim 128 is
+    refused by name."""
     causal = attncc.compile(EXAMPLES / "causal.attn", target="cuda").module(False)
     documents = attncc.compile(EXAMPLES / "document_mask.attn", target="cuda").module(False)
-    for module in (causal, documents):
+    varlen = attncc.varlen(EXAMPLES / "causal.attn", target="cuda").kernel.module(False)
+    for module in (causal, documents, varlen):
         monkeypatch.setattr(module, "_has_wgmma", lambda device: True)
     vec = (1, 1, 1)
     assert causal._wgmma_tiles(None, 128, 128, vec, None) == (2, 8, 128, 1)
     assert causal._wgmma_tiles(None, 64, 64, vec, None) == (2, 12, 128, 1)
     assert causal._wgmma_tiles(None, 64, 128, vec, None) == (2, 8, 128, 1)
     assert documents._wgmma_tiles(None, 64, 64, vec, None) == (2, 12, 128, 1)
-    assert documents._wgmma_tiles(None, 128, 128, vec, None) == (2, 8, 128, 1)
+    assert documents._wgmma_tiles(None, 128, 128, vec, None) == (2, 8, 64, 0)
+    assert varlen._wgmma_tiles(None, 128, 128, vec, None) == (2, 8, 128, 1)
     assert causal._wgmma_tiles({"wgmma": 2, "num_warps": 12}, 64, 64, vec, None) == (
         2,
         12,
