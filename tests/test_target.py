@@ -106,6 +106,21 @@ def test_a_tile_index_is_cuda_on_hopper(monkeypatch: pytest.MonkeyPatch) -> None
     assert auto_target(kernel) == "triton"
 
 
+def test_what_target_cuda_refuses_and_fp8_are_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Specs target cuda cannot render (sinks, value scales read by key) stay on Triton, as
+    FP8 specs do for now; asked for by name, target cuda refuses such a spec in one line."""
+    fake_device(monkeypatch, (9, 0))
+    for name in ("sinks", "fp8_block", "fp8_causal"):
+        assert auto_target(optimised(name)) == "triton"
+    by_key = (EXAMPLES / "fp8_block.attn").read_text().replace(
+        "v_descale[b, h, n / block_n]", "v_descale[b, h, n]"
+    ).replace("v_descale[B, H, NB]", "v_descale[B, H, N]")
+    kernel = attncc.optimise(by_key)[1]
+    assert kernel.fp8 and auto_target(kernel) == "triton"
+    with pytest.raises(ValueError, match="value scale read by key blocks"):
+        attncc.compile(by_key, target="cuda")
+
+
 def test_the_ir_decides_before_the_device_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     """Decode kernels never initialise CUDA or look for cuda-python to be told "triton"."""
 

@@ -787,41 +787,44 @@ def render_wgmma_probe() -> str:
     )
 
 
-def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
-    """The CUDA source and the host module for ``kernel``; the entry is attncc_<spec name>.
-    ``spec`` is the parsed spec (its statements' lines go into comments beside the code that
-    implements them), or only its text (no statement comments)."""
+def unsupported(kernel: ir.AttentionKernel) -> str | None:
+    """Why target cuda cannot render ``kernel``, as the one-line error ``render`` raises
+    (naming what to use instead), or None. Target "auto" takes Triton for such kernels."""
+    name = f"attncc {kernel.name}: "
     if kernel.schedule == "naive":
-        raise ValueError(
-            f"attncc {kernel.name}: schedule 'naive' is not available for target cuda "
-            "(use schedule 'fused' or 'split_kv', or target 'triton')"
+        return (
+            f"{name}schedule 'naive' is not available for target cuda (use schedule 'fused' "
+            "or 'split_kv', or target 'triton')"
         )
     if kernel.value_scale is not None and not kernel.fp8:
         # only the FP8 kernel weighs P·V by a value scale (a tile at a time)
-        raise ValueError(
-            f"attncc {kernel.name}: target cuda has value scales with FP8 inputs only (use "
-            "target 'triton' or 'auto')"
-        )
+        return f"{name}target cuda has value scales with FP8 inputs only (use target 'triton' or 'auto')"
     if kernel.value_scale is not None and plan.reads_index_outside(
         kernel.value_scale, kernel.key_axis.index, plan.key_blocks(kernel)
     ):
         # the kernel weighs a tile's P·V by one value scale (its keys share their block)
-        raise ValueError(
-            f"attncc {kernel.name}: target cuda takes a value scale read by key blocks "
-            "(v_descale[b, h, n / block_n]), not by the key itself (use target 'triton' or "
-            "'auto')"
+        return (
+            f"{name}target cuda takes a value scale read by key blocks (v_descale[b, h, n / "
+            "block_n]), not by the key itself (use target 'triton' or 'auto')"
         )
     if kernel.fp8 and kernel.schedule != "fused":
-        raise ValueError(
-            f"attncc {kernel.name}: target cuda runs FP8 inputs with schedule 'fused' only "
-            "(use target 'triton' or 'auto')"
+        return (
+            f"{name}target cuda runs FP8 inputs with schedule 'fused' only (use target "
+            "'triton' or 'auto')"
         )
     if kernel.sink is not None:
         # the kernels' softmax has no sink term: rendering them would leave the sink out
-        raise ValueError(
-            f"attncc {kernel.name}: target cuda has no softmax sink yet (use target 'triton' "
-            "or 'auto')"
-        )
+        return f"{name}target cuda has no softmax sink yet (use target 'triton' or 'auto')"
+    return None
+
+
+def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> Rendered:
+    """The CUDA source and the host module for ``kernel``; the entry is attncc_<spec name>.
+    ``spec`` is the parsed spec (its statements' lines go into comments beside the code that
+    implements them), or only its text (no statement comments)."""
+    reason = unsupported(kernel)
+    if reason is not None:
+        raise ValueError(reason)
     context = _Context(kernel, spec)
     values = context.values()
     env = environment()
