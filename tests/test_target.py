@@ -112,9 +112,12 @@ def test_what_target_cuda_refuses_and_fp8_are_triton(monkeypatch: pytest.MonkeyP
     fake_device(monkeypatch, (9, 0))
     for name in ("sinks", "fp8_block", "fp8_causal"):
         assert auto_target(optimised(name)) == "triton"
-    by_key = (EXAMPLES / "fp8_block.attn").read_text().replace(
-        "v_descale[b, h, n / block_n]", "v_descale[b, h, n]"
-    ).replace("v_descale[B, H, NB]", "v_descale[B, H, N]")
+    by_key = (
+        (EXAMPLES / "fp8_block.attn")
+        .read_text()
+        .replace("v_descale[b, h, n / block_n]", "v_descale[b, h, n]")
+        .replace("v_descale[B, H, NB]", "v_descale[B, H, N]")
+    )
     kernel = attncc.optimise(by_key)[1]
     assert kernel.fp8 and auto_target(kernel) == "triton"
     with pytest.raises(ValueError, match="value scale read by key blocks"):

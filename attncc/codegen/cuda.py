@@ -798,7 +798,10 @@ def unsupported(kernel: ir.AttentionKernel) -> str | None:
         )
     if kernel.value_scale is not None and not kernel.fp8:
         # only the FP8 kernel weighs P·V by a value scale (a tile at a time)
-        return f"{name}target cuda has value scales with FP8 inputs only (use target 'triton' or 'auto')"
+        return (
+            f"{name}target cuda has value scales with FP8 inputs only (use target 'triton' "
+            "or 'auto')"
+        )
     if kernel.value_scale is not None and plan.reads_index_outside(
         kernel.value_scale, kernel.key_axis.index, plan.key_blocks(kernel)
     ):
