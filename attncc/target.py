@@ -65,7 +65,7 @@ def auto_target(kernel: AttentionKernel) -> str:
     # descales per head failed its GPU check on it, whose bound (1.1x the Triton FP8
     # kernel's error) a kernel rounding its weights to e4m3 misses there on a CPU emulation
     # (1.15x; 1.05x with block descales). The switch waits for that check on a GPU with a
-    # bound of the e4m3 kernel's own error (branch wip/fp8-auto-cuda).
+    # bound of the e4m3 kernel's own error.
     if kernel.fp8 or cuda_codegen.unsupported(kernel) is not None:
         return "triton"
     # Decode (split_kv, or a fused kernel without a query axis) measured equal or slower on
