@@ -504,6 +504,35 @@ def test_fp8_kernel_zero_value_scale_adds_nothing() -> None:
     assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
 
 
+def assert_fp8_within_triton_error(name: str, x: Any) -> None:
+    """The CUDA FP8 kernel on ``x`` (attncc.fp8.quantize's, block (128, 128), descales as
+    given) gives the attention of the dequantised inputs within 1.1x the Triton FP8
+    kernel's error of it (float64, causal for fp8_causal)."""
+    import math
+
+    args = (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
+    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.attn"
+    cuda = attncc.compile(path, target="cuda")(*args)
+    triton_out = attncc.compile(path, target="triton")(*args)
+
+    def dequantised(t: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+        return t.double() * descale.double().repeat_interleave(128, -1)[..., None]
+
+    s = dequantised(x.q, x.q_descale) @ dequantised(x.k, x.k_descale).transpose(-1, -2)
+    s = s / math.sqrt(x.q.shape[-1])
+    if name == "fp8_causal":
+        rows, keys = s.shape[-2:]
+        mask = torch.ones(rows, keys, dtype=torch.bool, device="cuda").tril()
+        s = s.masked_fill(~mask, float("-inf"))
+    exact = torch.softmax(s, -1) @ dequantised(x.v, x.v_descale)
+
+    def rmse(out: torch.Tensor) -> float:
+        return float((out.double() - exact).pow(2).mean().sqrt())
+
+    assert torch.isfinite(cuda).all()
+    assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
+
+
 @pytest.mark.parametrize("name", ["fp8_block", "fp8_causal"])
 def test_fp8_kernel_descales_of_any_sign(name: str) -> None:
     """Negative and zero descales beside positive ones in one head (a kernel that took the
@@ -511,7 +540,6 @@ def test_fp8_kernel_descales_of_any_sign(name: str) -> None:
     rows wrong): the result is the attention of the dequantised inputs, within the Triton
     FP8 kernel's error of it."""
     import dataclasses
-    import math
 
     from attncc.fp8 import quantize
 
@@ -524,28 +552,9 @@ def test_fp8_kernel_descales_of_any_sign(name: str) -> None:
     q_descale[:, 0, 1] *= -1.0  # a negative factor a query block long
     k_descale[:, 0, 2] *= -1.0  # and one a key block long, in the same head
     k_descale[:, 1, 3] = 0.0  # a zero factor: that block's scores are all 0
-    x = dataclasses.replace(x, q_descale=q_descale, k_descale=k_descale)
-    args = (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
-    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.attn"
-    cuda = attncc.compile(path, target="cuda")(*args)
-    triton_out = attncc.compile(path, target="triton")(*args)
-
-    def dequantised(t: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
-        return t.double() * descale.double().repeat_interleave(128, -1)[..., None]
-
-    k_rows = dequantised(x.k, x.k_descale)
-    v_rows = dequantised(x.v, x.v_descale)
-    s = dequantised(x.q, x.q_descale) @ k_rows.transpose(-1, -2) / math.sqrt(128)
-    if name == "fp8_causal":
-        mask = torch.ones(640, 640, dtype=torch.bool, device="cuda").tril()
-        s = s.masked_fill(~mask, float("-inf"))
-    exact = torch.softmax(s, -1) @ v_rows
-
-    def rmse(out: torch.Tensor) -> float:
-        return float((out.double() - exact).pow(2).mean().sqrt())
-
-    assert torch.isfinite(cuda).all()
-    assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
+    assert_fp8_within_triton_error(
+        name, dataclasses.replace(x, q_descale=q_descale, k_descale=k_descale)
+    )
 
 
 @pytest.mark.parametrize("name", ["fp8_block", "fp8_causal"])
@@ -555,7 +564,6 @@ def test_fp8_kernel_value_scales_far_apart(name: str) -> None:
     and the result is the attention of the dequantised inputs within the Triton FP8
     kernel's error of it."""
     import dataclasses
-    import math
 
     from attncc.fp8 import quantize
 
@@ -565,28 +573,9 @@ def test_fp8_kernel_value_scales_far_apart(name: str) -> None:
     q, k, v = (torch.randn(2, 2, 1152, 128, device="cuda", generator=gen) for _ in range(3))
     x = quantize(q, k, v, block=(128, 128))
     jumps = torch.tensor([1.0, 1.7, 1.8, 0.13, 0.12, 8.0, 0.5, 1.0, 40.0], device="cuda")
-    x = dataclasses.replace(x, v_descale=x.v_descale * jumps.cumprod(0))
-    args = (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale)
-    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.attn"
-    cuda = attncc.compile(path, target="cuda")(*args)
-    triton_out = attncc.compile(path, target="triton")(*args)
-
-    def dequantised(t: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
-        return t.double() * descale.double().repeat_interleave(128, -1)[..., None]
-
-    v_rows = dequantised(x.v, x.v_descale)
-    s = dequantised(x.q, x.q_descale) @ dequantised(x.k, x.k_descale).transpose(-1, -2)
-    s = s / math.sqrt(128)
-    if name == "fp8_causal":
-        mask = torch.ones(1152, 1152, dtype=torch.bool, device="cuda").tril()
-        s = s.masked_fill(~mask, float("-inf"))
-    exact = torch.softmax(s, -1) @ v_rows
-
-    def rmse(out: torch.Tensor) -> float:
-        return float((out.double() - exact).pow(2).mean().sqrt())
-
-    assert torch.isfinite(cuda).all()
-    assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
+    assert_fp8_within_triton_error(
+        name, dataclasses.replace(x, v_descale=x.v_descale * jumps.cumprod(0))
+    )
 
 
 WGMMA_CONFIGS = [
