@@ -62,10 +62,8 @@ def auto_target(kernel: AttentionKernel) -> str:
     # on Triton. So do FP8 specs, though the CUDA target's kernel is faster on the example
     # specs (descales by key block: 1.07-1.09x the Triton FP8 kernel at 1,16,8192,128 full,
     # 1.03-1.04x causal, equal at 8,16,2048,128; H200, benchmarks/fp8_speed.py): a spec of
-    # descales per head failed its GPU check on it, whose bound (1.1x the Triton FP8
-    # kernel's error) a kernel rounding its weights to e4m3 misses there on a CPU emulation
-    # (1.15x; 1.05x with block descales). The switch waits for that check on a GPU with a
-    # bound of the e4m3 kernel's own error.
+    # descales per head failed a GPU check through auto (its output within 1.1x the Triton
+    # FP8 kernel's error), for a reason not yet read. The switch waits until it passes.
     if kernel.fp8 or cuda_codegen.unsupported(kernel) is not None:
         return "triton"
     # Decode (split_kv, or a fused kernel without a query axis) measured equal or slower on
