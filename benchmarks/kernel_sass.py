@@ -5,6 +5,7 @@ it takes device time.
 
     python3 benchmarks/kernel_sass.py SPEC [--family backward] [-D ATTNCC_DP=128 ...]
                                       [--baseline DIR ...] [--kernel REGEX]
+                                      [--count FMUL,MUFU,...]
 
 Each tree (the working tree, then every ``--baseline``: made with ``git archive REV attncc
 templates grammars examples | tar -x -C DIR``) renders SPEC with ``attncc compile --target
@@ -14,7 +15,8 @@ registers and spill bytes, then every loop of the machine code longer than 64 in
 (a conditional branch back; nested loops print each): where it starts and ends, its
 instructions, and how many are warp-group MMAs (HGMMA; QGMMA in FP8), copies (LDGSTS),
 local loads and stores (LDL / STL: spills inside a loop cost every trip) and barrier waits
-(SYNCS).
+(SYNCS), and of the opcodes ``--count`` names (a loop's static count: a branch's code
+counts whether it runs or not).
 
 Needs nvcc and cuobjdump (from the CUDA toolkit, or the copy Triton's wheel carries).
 """
@@ -82,7 +84,7 @@ def render(tree: Path, spec: Path, out: Path) -> None:
         sys.exit(f"kernel_sass.py: {tree}: {done.stderr.strip()}")
 
 
-def loops(sass: str) -> tuple[Loop, ...]:
+def loops(sass: str, counted: tuple[str, ...] = COUNTED) -> tuple[Loop, ...]:
     code = [(int(m.group(1), 16), m.group(2)) for m in map(SASS_LINE.match, sass.splitlines()) if m]
     found = []
     for at, text in code:
@@ -97,12 +99,19 @@ def loops(sass: str) -> tuple[Loop, ...]:
             continue
         opcodes = [t.split()[1] if t.startswith("@") else t.split()[0] for t in body]
         counts = {"instructions": len(body)}
-        counts.update({k: sum(op.split(".")[0] == k for op in opcodes) for k in COUNTED})
+        counts.update({k: sum(op.split(".")[0] == k for op in opcodes) for k in counted})
         found.append(Loop(start, at, counts))
     return tuple(found)
 
 
-def kernels(tree: Path, spec: Path, family: str, defines: list[str], work: Path) -> list[Kernel]:
+def kernels(
+    tree: Path,
+    spec: Path,
+    family: str,
+    defines: list[str],
+    work: Path,
+    counted: tuple[str, ...] = COUNTED,
+) -> list[Kernel]:
     work.mkdir(parents=True)
     render(tree, spec, work)
     source = work / f"{spec.stem}.{family}.cu"
@@ -133,7 +142,7 @@ def kernels(tree: Path, spec: Path, family: str, defines: list[str], work: Path)
         sass = subprocess.run(
             [dump, "-sass", "-fun", entry, str(cubin)], capture_output=True, text=True
         ).stdout
-        result.append(Kernel(entry, registers, stores, loads, loops(sass)))
+        result.append(Kernel(entry, registers, stores, loads, loops(sass, counted)))
     return result
 
 
@@ -153,7 +162,14 @@ def main(argv: list[str]) -> None:
         "--baseline", action="append", default=[], type=Path, help="a baseline tree (repeatable)"
     )
     parser.add_argument("--kernel", default="", help="only kernels whose names match this regex")
+    parser.add_argument(
+        "--count",
+        default="",
+        help="more opcodes to count in each loop, comma separated (FMUL,MUFU,F2FP,SHFL,PRMT: "
+        "where a softmax's instructions go)",
+    )
     args = parser.parse_args(argv)
+    counted = COUNTED + tuple(op for op in args.count.split(",") if op and op not in COUNTED)
     if shutil.which("nvcc") is None:
         sys.exit("kernel_sass.py: no nvcc on PATH")
     defines = args.defines or ["ATTNCC_DP=128", "ATTNCC_DVP=128"]
@@ -163,7 +179,7 @@ def main(argv: list[str]) -> None:
         for i, tree in enumerate(trees):
             label = "working tree" if i == 0 else str(tree)
             print(f"== {label}: {spec.name}, {args.family}, {' '.join(defines)}")
-            for k in kernels(tree, spec, args.family, defines, Path(tmp) / str(i)):
+            for k in kernels(tree, spec, args.family, defines, Path(tmp) / str(i), counted):
                 if not re.search(args.kernel, k.name):
                     continue
                 spills = f"{k.spill_stores} / {k.spill_loads} bytes stored / loaded"

@@ -38,6 +38,14 @@ def test_a_conditional_branch_back_is_a_loop_and_its_body_is_counted() -> None:
     }
 
 
+def test_opcodes_asked_for_are_counted_beside_the_default_ones() -> None:
+    body = ["MUFU.EX2 R1, R2", "MUFU.EX2 R3, R4", "FMUL R5, R6, R7"] + ["FFMA R1, R2, R3, R4"] * 70
+    code = ["MOV R0, RZ", *body, "@!P0 BRA 0x10", "EXIT"]
+    (loop,) = kernel_sass.loops(sass(code), (*kernel_sass.COUNTED, "MUFU", "FMUL", "SHFL"))
+    assert (loop.counts["MUFU"], loop.counts["FMUL"], loop.counts["SHFL"]) == (2, 1, 0)
+    assert loop.counts["HGMMA"] == 0 and loop.counts["instructions"] == len(body) + 1
+
+
 def test_jumps_back_from_barrier_retries_and_short_loops_are_not_listed() -> None:
     # ptxas puts a barrier wait's retries after the kernel's end, jumping back unconditionally
     stub = ["FFMA R1, R2, R3, R4"] * 80 + ["EXIT", "@!P0 BRA 0x510", "BRA 0x10"]
