@@ -2,9 +2,12 @@
 from, and whether the candidate list or the defaults should change.
 
     python3 benchmarks/sweep.py SPEC "B,H:KVH,S,D" [bf16|fp16] [cuda] [quick] [wgmma2]
+        [paired] [graphs]
 
 (`cuda`: the CUDA target; `quick`: Triton prefill sweeps only the four tiles that have won
-before; `wgmma2`: the CUDA target's sm_90a configurations only, and one mma.sync tile.)
+before; `wgmma2`: the CUDA target's sm_90a configurations only, and one mma.sync tile;
+`paired`: Triton prefill tiles with and without query tiles taken in pairs; `graphs`: prefill
+timed in CUDA-graph replays as decode is.)
 
 Decode-sized calls (<= 16 queries) sweep tile x `waves` (split count) and are timed as
 CUDA-graph replays over rotating input copies (cold L2), as `attncc bench` times them;
@@ -33,7 +36,8 @@ shape = Shape.parse(shape_text)
 sizes = sizes_for(kernel.ir, shape)
 inputs = bench_inputs(kernel.ir, sizes, dtype, documents=4)
 rows = sizes[kernel.ir.query_axis.dim] if kernel.ir.query_axis else 1
-graphed = rows <= 16
+# `graphs`: prefill timed as decode is (below 2k tokens do_bench times the host's launch path)
+graphed = rows <= 16 or "graphs" in sys.argv[4:]
 copies = cold_copies(inputs) if graphed else [inputs]
 module = kernel.module(interpreted=False)
 params = kernel.param_defaults(sizes)
@@ -62,7 +66,7 @@ if target == "cuda":
     ]
     if "wgmma2" in sys.argv[4:]:  # the sm_90a variants only, beside one mma.sync tile
         configs = [configs[0], *[c for c in configs if c["wgmma"]]]
-elif graphed:
+elif rows <= 16:
     configs = [
         {"BLOCK_M": 16, "BLOCK_N": n, "num_warps": w, "num_stages": s, "waves": waves}
         for n, w, s, waves in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (1, 2, 4, 8))
@@ -72,9 +76,11 @@ else:
     tiles = ((64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 8, 3))
     if "quick" not in sys.argv[4:]:
         tiles += ((128, 128, 8, 2), (128, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 3))
+    # `paired`: causal kernels' programs also take their query tiles in pairs
+    pairings = (0, 1) if "paired" in sys.argv[4:] else (0,)
     configs = [
-        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s, "tma": tma}
-        for (m, n, w, s), tma in itertools.product(tiles, (True, False))
+        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s, "tma": tma, "paired": paired}
+        for (m, n, w, s), tma, paired in itertools.product(tiles, (True, False), pairings)
     ]
 
 results = []
@@ -97,6 +103,6 @@ for config in configs:
 results.sort(key=lambda r: r[0])
 print(f"{kernel.name} {shape_text} {dtype} on {torch.cuda.get_device_name()}")
 for ms, config in results[:24]:
-    extra = f"{kv_bytes / (ms * 1e-3) / 1e12:.2f} TB/s" if graphed else ""
+    extra = f"{kv_bytes / (ms * 1e-3) / 1e12:.2f} TB/s" if rows <= 16 else ""
     print(f"  {ms * 1e3:8.1f} us  {extra}  {config}")
 print(f"  (worst {results[-1][0] * 1e3:.1f} us of {len(results)})")

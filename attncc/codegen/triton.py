@@ -333,6 +333,13 @@ class _Context:
             result[name] = templating.nested(func, [*parts, limit])
         return result
 
+    def keys_grow_with_row(self) -> bool:
+        """Whether a query tile's keys are a prefix of the keys that grows with its row
+        (causal): no lower bound, an upper bound rising with the row."""
+        masks = self.k.mask_plan
+        assert masks is not None
+        return not masks.lower and any(bound.slope > 0 for bound in masks.upper)
+
     def tile_index(self) -> dict[str, Any] | None:
         """Render context of the tile index builder (tile_index.py.jinja), or None."""
         index = self.k.tile_index
@@ -707,6 +714,7 @@ class _Context:
         kernel_params, launch_args = self.kernel_params()
         tile_index = self.tile_index()
         split = self.split()
+        pairs = tiled and tile_index is None and self.keys_grow_with_row()
         args = plan.launch_args(k)
         o, lse = self.output()
         env = self.env()
@@ -729,7 +737,11 @@ class _Context:
             "tanh_approx": self.tanh_approx(),
             "uses_pow": "pow" in plan.functions_used(k),
             "fast_division": bool(plan.divisor_dims(k)),
-            "runtime_ints": self.runtime_ints(("KEY_TILES",) if tile_index else ()),
+            # whether a program pairs its query tiles changes with the call's size: a
+            # runtime value, so calls on both sides of the rule share one compiled kernel
+            "runtime_ints": self.runtime_ints(
+                ("KEY_TILES",) * bool(tile_index) + ("paired",) * pairs
+            ),
             "launch_args": launch_args,
             "batch_lines": self.batch_lines(),
             "rows": cx.dim_var(query.dim) if query else "1",
@@ -750,6 +762,9 @@ class _Context:
             "loop": loop,
             "uses_fp8_pv": bool(loop["fp8_pv"] and loop["tma"]),
             "tile_index": tile_index,
+            # query tiles whose keys grow with the row (causal) may run in pairs (config
+            # "paired"): the last with the first, the second last with the second, ...
+            "pairs": pairs,
             # without a lower bound no key tile precedes the mask-free band
             "bounds": {**self.bounds(), "lower_bounded": bool(k.mask_plan.lower)},
             "output": {
