@@ -750,6 +750,7 @@ class _Context:
             "row_bounded_keys": bool(
                 k.mask_plan and any(b.slope for b in (*k.mask_plan.lower, *k.mask_plan.upper))
             ),
+            "keys_grow_with_row": plan.keys_grow_with_row(k),
             "split_programs_host": " * ".join(
                 f"sizes[{(group.kv_dim if group and a.index == group.head.index else a.dim)!r}]"
                 for a in k.batch_axes

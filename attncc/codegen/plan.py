@@ -222,6 +222,16 @@ def index_programs(axes: tuple[ir.Axis, ...]) -> IndexPrograms:
     return IndexPrograms(program, count, count_host)
 
 
+def keys_grow_with_row(kernel: ir.AttentionKernel) -> bool:
+    """Whether a query tile's visible keys are a prefix that grows with its rows (causal: no
+    lower bound, an upper bound rising with the row) and no tile index lists them: the Triton
+    kernel may then take its query tiles in pairs, the most keys with the fewest."""
+    masks = kernel.mask_plan
+    if masks is None or kernel.tile_index is not None:
+        return False
+    return not masks.lower and any(bound.slope > 0 for bound in masks.upper)
+
+
 def bounds_read_tensors(mask_plan: ir.MaskPlan) -> bool:
     """Whether a key bound reads an input tensor (a cache length per sequence): keys outside
     it may then be unwritten cache memory (past a sequence's end, a page's unused slots),

@@ -333,13 +333,6 @@ class _Context:
             result[name] = templating.nested(func, [*parts, limit])
         return result
 
-    def keys_grow_with_row(self) -> bool:
-        """Whether a query tile's keys are a prefix of the keys that grows with its row
-        (causal): no lower bound, an upper bound rising with the row."""
-        masks = self.k.mask_plan
-        assert masks is not None
-        return not masks.lower and any(bound.slope > 0 for bound in masks.upper)
-
     def tile_index(self) -> dict[str, Any] | None:
         """Render context of the tile index builder (tile_index.py.jinja), or None."""
         index = self.k.tile_index
@@ -714,7 +707,7 @@ class _Context:
         kernel_params, launch_args = self.kernel_params()
         tile_index = self.tile_index()
         split = self.split()
-        pairs = tiled and tile_index is None and self.keys_grow_with_row()
+        pairs = tiled and plan.keys_grow_with_row(k)
         args = plan.launch_args(k)
         o, lse = self.output()
         env = self.env()

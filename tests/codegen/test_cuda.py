@@ -696,10 +696,12 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An auto kernel runs a call on the sm_90a kernels only with a 128-row query tile for
-    every multiprocessor, two for a spec whose key interval follows the row at head dim 64:
-    full attention on 2 x 8 heads of 512 queries (32 tiles) goes to Triton on 132 SMs, of
-    1057 (144 tiles) stays; causal at head dim 64 stays from 2 x 8 x 17 tiles, at head dim
-    128 from 2 x 8 x 9; a call the kernels cannot take never stays."""
+    every multiprocessor, two for a spec whose key interval follows the row at head dim 64,
+    and where the keys grow with the row (causal: Triton pairs its tiles) four at head dim
+    64, three at 128: full attention on 2 x 8 heads of 512 queries (32 tiles) goes to Triton
+    on 132 SMs, of 1057 (144 tiles) stays; a sliding window at head dim 64 stays from 2 x 8 x
+    17 tiles; causal at head dim 64 from 2 x 8 x 33, at head dim 128 from 2 x 8 x 25; a call
+    the kernels cannot take never stays."""
 
     def module(name: str) -> Any:
         compiled = attncc.compile(EXAMPLES / f"{name}.attn", target="cuda").module(False)
@@ -707,7 +709,7 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
         monkeypatch.setattr(compiled, "_multiprocessors", lambda device: 132)
         return compiled
 
-    full, causal = module("fused"), module("causal")
+    full, causal, window = module("fused"), module("causal"), module("sliding_window")
     cuda = torch.device("cuda", 0)
 
     def stays(
@@ -721,8 +723,9 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
     assert not stays(full, 512) and not stays(full, 64)
     assert stays(full, 2048) and stays(full, 1057)  # 2 x 8 x 9 tiles
     assert not stays(full, 1056 - 127)  # 2 x 8 x 8 = 128 tiles
-    assert not stays(causal, 2048) and stays(causal, 2049)  # 256 and 2 x 8 x 17 = 272
-    assert stays(causal, 1057, head_dim=128) and not stays(causal, 1024, head_dim=128)
+    assert not stays(window, 2048) and stays(window, 2049)  # 256 and 2 x 8 x 17 = 272
+    assert not stays(causal, 4096) and stays(causal, 4097)  # 512 and 2 x 8 x 33 = 528
+    assert stays(causal, 3073, head_dim=128) and not stays(causal, 3072, head_dim=128)
     assert not stays(full, 4096, dtype=torch.float32)
 
 

@@ -160,17 +160,18 @@ def test_auto_target_runs_cuda_where_it_is_faster_and_triton_elsewhere(
     gen = torch.Generator().manual_seed(2)
     cases = ((torch.bfloat16, 128, 600), (torch.bfloat16, 256, 600), (torch.float32, 64, 600))
     cases += ((torch.bfloat16, 288, 600),)
-    # 4 x 8 x 600 queries: 160 tiles of 128 rows, enough to fill 132 multiprocessors; 2 x 3
-    # x 300 (18 tiles) goes to Triton even where the sm_90a kernels could take it
+    # 8 x 16 x 600 queries: 640 tiles of 128 rows, over three for each of 132 multiprocessors
+    # (causal: with fewer the Triton kernel, its tiles in pairs, is faster); 2 x 3 x 300 (18
+    # tiles) goes to Triton even where the sm_90a kernels could take it
     cases += ((torch.bfloat16, 128, 300),)
     for index, (dtype, head_dim, rows) in enumerate(cases):
-        batch, heads = (4, 8) if rows == 600 else (2, 3)
+        batch, heads = (8, 16) if rows == 600 else (2, 3)
         qkv = [torch.randn(batch, heads, rows, head_dim, generator=gen).to(dtype) for _ in "qkv"]
         out = kernel(*(t.cuda() for t in qkv))
         expected = torch.from_numpy(reference(kernel.spec)(*qkv))
         error = (out.double().cpu() - expected).abs().max().item()
         assert error < 3e-2, (dtype, head_dim, error)
-        # the first two calls (bf16, head dims 128 and 256, 160 tiles) ran the sm_90a kernel,
+        # the first two calls (bf16, head dims 128 and 256, 640 tiles) ran the sm_90a kernel,
         # the others Triton
         on_cuda = dtype == torch.bfloat16 and head_dim <= 256 and rows == 600
         assert (kernel._fallback_kernel is None) == (index < 2)
