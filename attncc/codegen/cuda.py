@@ -751,6 +751,7 @@ class _Context:
                 k.mask_plan and any(b.slope for b in (*k.mask_plan.lower, *k.mask_plan.upper))
             ),
             "keys_grow_with_row": plan.keys_grow_with_row(k),
+            "calls_tanh": "tanh" in plan.functions_used(k),
             "split_programs_host": " * ".join(
                 f"sizes[{(group.kv_dim if group and a.index == group.head.index else a.dim)!r}]"
                 for a in k.batch_axes

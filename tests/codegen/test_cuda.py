@@ -701,7 +701,8 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
     64, three at 128: full attention on 2 x 8 heads of 512 queries (32 tiles) goes to Triton
     on 132 SMs, of 1057 (144 tiles) stays; a sliding window at head dim 64 stays from 2 x 8 x
     17 tiles; causal at head dim 64 from 2 x 8 x 33, at head dim 128 from 2 x 8 x 25; a call
-    the kernels cannot take never stays."""
+    the kernels cannot take never stays, nor one of soft-capping (a tanh a score) at head
+    dim 64."""
 
     def module(name: str) -> Any:
         compiled = attncc.compile(EXAMPLES / f"{name}.attn", target="cuda").module(False)
@@ -710,6 +711,7 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
         return compiled
 
     full, causal, window = module("fused"), module("causal"), module("sliding_window")
+    softcap = module("softcap")
     cuda = torch.device("cuda", 0)
 
     def stays(
@@ -726,6 +728,7 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
     assert not stays(window, 2048) and stays(window, 2049)  # 256 and 2 x 8 x 17 = 272
     assert not stays(causal, 4096) and stays(causal, 4097)  # 512 and 2 x 8 x 33 = 528
     assert stays(causal, 3073, head_dim=128) and not stays(causal, 3072, head_dim=128)
+    assert not stays(softcap, 16384) and stays(softcap, 16384, head_dim=128)
     assert not stays(full, 4096, dtype=torch.float32)
 
 
