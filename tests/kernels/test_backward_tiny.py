@@ -107,6 +107,22 @@ def test_the_sm90a_backward_interleaves_the_programs_of_a_wave(key_tiles: int, c
     assert host._backward_chunk(key_tiles, 132) == chunk
 
 
+@pytest.mark.parametrize(
+    ("name", "loops"),
+    [("causal", 2), ("fused", 2), ("document_mask", 2), ("sliding_window", 3), ("prefix_lm", 2)],
+)
+def test_the_triton_dq_kernel_has_a_loop_before_the_band_only_under_a_lower_bound(
+    name: str, loops: int
+) -> None:
+    """Without a mask bounding the keys from below every row sees key 0, so no key tile
+    precedes the band of whole tiles: the dq kernel has no loop for such tiles (the forward's
+    rule), which is less code for Triton to compile at a first backward."""
+    kernel = attncc.compile(EXAMPLES / f"{name}.attn", target="triton")
+    assert isinstance(kernel._backward, autograd.Backward)
+    dq = kernel._backward.path.read_text().split("_bwd_dq(", 1)[1].split("\n@triton.jit", 1)[0]
+    assert dq.count("for start_n in range(") == loops
+
+
 _GQA_SPEC = """attention gqa_walk
 dims  B, H, KVH, N, D
 in    q[B, H, N, D]
