@@ -224,7 +224,7 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
         "mask_all": " & ".join(f"({m})" for m in masks) or "True",
         # the masks the key bounds do not imply: they apply in the whole tiles too
         "residual_mask": " & ".join(f"({m})" for m in residual) or None,
-        "bounds": {**ctx.bounds(), "lower_bounded": bool(k.mask_plan.lower)},
+        "bounds": ctx.bounds(),
         "chain_lines": chain_lines,
         "chain_free": chain_free,
         "sides": [

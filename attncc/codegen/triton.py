@@ -320,12 +320,14 @@ class _Context:
             {"base": " + ".join(lse_base) or "0", "row": lse_row},
         )
 
-    def bounds(self) -> dict[str, str]:
+    def bounds(self) -> dict[str, Any]:
+        """The visible key range's expressions (lo, hi, full_lo, full_hi) and lower_bounded:
+        whether a mask bounds the keys from below (else every row sees key 0)."""
         assert self.k.mask_plan is not None
         key_size = cx.dim_var(self.k.key_axis.dim)
         rows = {"first": "m_first", "last": "m_last"}
         limits = {"max": ("tl.maximum", "0"), "min": ("tl.minimum", key_size)}
-        result = {}
+        result: dict[str, Any] = {"lower_bounded": bool(self.k.mask_plan.lower)}
         for name, (bounds, combine) in plan.key_range(self.k.mask_plan).items():
             func, limit = limits[combine]
             parts = [cx.triton_expr(b.expr, self.env(rows[row], vector=False)) for b, row in bounds]
@@ -759,7 +761,7 @@ class _Context:
             # "paired"): the last with the first, the second last with the second, ...
             "pairs": pairs,
             # without a lower bound no key tile precedes the mask-free band
-            "bounds": {**self.bounds(), "lower_bounded": bool(k.mask_plan.lower)},
+            "bounds": self.bounds(),
             "output": {
                 "dims": list(k.output.dims),
                 "lse_dims": [a.dim for a in k.batch_axes] + ([query.dim] if query else []),
