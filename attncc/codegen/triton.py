@@ -760,7 +760,6 @@ class _Context:
             # query tiles whose keys grow with the row (causal) may run in pairs (config
             # "paired"): the last with the first, the second last with the second, ...
             "pairs": pairs,
-            # without a lower bound no key tile precedes the mask-free band
             "bounds": self.bounds(),
             "output": {
                 "dims": list(k.output.dims),
