@@ -59,11 +59,10 @@ def auto_target(kernel: AttentionKernel) -> str:
     initialises CUDA or looks for cuda-python just to be told "triton".
     """
     # What the CUDA target cannot render (softmax sinks, value scales read by key, ...) runs
-    # on Triton. So do FP8 specs, though the CUDA target's kernel is faster on the example
-    # specs (descales by key block: 1.07-1.09x the Triton FP8 kernel at 1,16,8192,128 full,
-    # 1.03-1.04x causal, equal at 8,16,2048,128; H200, benchmarks/fp8_speed.py): a spec of
-    # descales per head failed a GPU check through auto (its output within 1.1x the Triton
-    # FP8 kernel's error), for a reason not yet read. The switch waits until it passes.
+    # on Triton. So do FP8 specs: the Triton FP8 kernel takes its causal query tiles in
+    # pairs (435.8 against the CUDA FP8 kernel's 510.0 us causal at 1,16,8192,128; full
+    # 828.7 against 822.3; H200, benchmarks/fp8_speed.py), and the two agree within the
+    # Triton kernel's error on every descale form (tests/gpu/test_gpu_cuda.py).
     if kernel.fp8 or cuda_codegen.unsupported(kernel) is not None:
         return "triton"
     # Decode (split_kv, or a fused kernel without a query axis) measured equal or slower on

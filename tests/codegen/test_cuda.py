@@ -419,14 +419,20 @@ def test_fp8_score_factors_are_read_before_the_tiles_mmas() -> None:
         assert "const float score_factor = score_factors[mt][h];" in scores
 
 
-def test_fp8_value_scales_near_the_last_fold_into_the_exponent() -> None:
-    """A tile whose value scale is within [1/8, 7/4] of the one O is over takes the ratio in
-    its weights' exponent and O keeps its scale: no multiply of O a tile beyond the
-    softmax's own rescale (multiplying O every tile cost the FP8 kernel 2.3-2.6%); other
-    ratios still move O to the tile's scale."""
+def test_fp8_value_scales_fold_into_the_exponent_where_no_largest_weight_rounds() -> None:
+    """A tile's value scale folds into its weights' exponent (O keeps its scale: no multiply
+    of O a tile beyond the softmax's own rescale, which multiplying O every tile cost the
+    FP8 kernel 4.4-4.6%) where its ratio to O's is 2^-3 .. 2^0 exactly, or within [1/8, 7/4]
+    in a tile that moves no row's max; decided after the max (``rescale``). Other tiles move
+    O to their scale: folded there, a ratio of any mantissa would round the rows' new
+    largest weights to e4m3."""
     source = build(EXAMPLES / "fp8_block.attn", target="cuda").source
-    assert source.count("const bool v_fold = v_ratio >= 0.125f && v_ratio <= 1.75f;") == 2
-    assert source.count("exp_c - v_bias;") == 2
+    fold = "const bool v_fold = v_power_of_two || (v_near && !rescale);"
+    assert source.count(fold) == 2
+    assert source.count("((v_bits ^ v_acc_bits) & 0x807fffffu) == 0u && v_step >= -3") == 2
+    for tile in source.split(fold)[:-1]:
+        assert tile.rindex("const bool rescale = __any_sync") > tile.rindex("const bool v_near")
+    assert source.count("exp_c - v_bias - FP8_WEIGHT_LOG2;") == 2
     assert source.count("l_i[mt][h] += (sum2[0] + sum2[1]) * v_unbias;") == 2
     for tile in source.split("if (v_fold) {")[1:]:
         folded, moved = tile.split("} else {", 1)
@@ -434,6 +440,19 @@ def test_fp8_value_scales_near_the_last_fold_into_the_exponent() -> None:
         assert "v_scale_acc = v_kept;" in moved[: moved.index("pending = s;")]
     plain = build(EXAMPLES / "gqa_causal.attn", target="cuda").source
     assert "v_bias" not in plain and "v_fold" not in plain
+
+
+def test_fp8_weights_follow_every_tiles_max() -> None:
+    """The FP8 kernel's reference max follows each tile's max (no slack: a row's largest
+    weight is exactly 2^FP8_WEIGHT_LOG2, not a value rounded to e4m3's 3 mantissa bits) and
+    its lse takes the weights' factor back out; 16-bit kernels keep the slack of 8."""
+    fp8 = build(EXAMPLES / "fp8_block.attn", target="cuda").source
+    assert fp8.count("constexpr float RESCALE_SLACK = 0.0f;") == 2
+    assert "RESCALE_SLACK = 8.0f" not in fp8
+    assert "m_i[0][h] -= FP8_WEIGHT_LOG2 * inv_c;" in fp8
+    plain = build(EXAMPLES / "gqa_causal.attn", target="cuda").source
+    assert "constexpr float RESCALE_SLACK = 8.0f;" in plain
+    assert "RESCALE_SLACK = 0.0f" not in plain and "m_i[0][h] -= FP8_WEIGHT_LOG2" not in plain
 
 
 def test_golden_cuda_source() -> None:
