@@ -621,6 +621,39 @@ def test_fp8_kernel_value_scales_powers_of_two_apart(name: str) -> None:
     assert_fp8_within_triton_error(name, x)
 
 
+@pytest.mark.parametrize("target", ["cuda", "triton"])
+def test_fp8_small_weights_stay_e4m3_normals(target: str) -> None:
+    """A row with one dominant key and 255 keys each weighing e^-5.8125 (0.003) of it: both
+    FP8 kernels' weights (times 2^8) keep those as e4m3 normals (0.75 / 256, 1% low), where
+    weights in [0, 1] round them to the subnormal 0.0039, 31% high."""
+    import math
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUDA FP8 kernel needs an sm_90 GPU (H100/H200)")
+    b, h, m, n, d = 1, 2, 128, 256, 128
+    q = torch.zeros(b, h, m, d, device="cuda")
+    q[..., 0] = 8.0  # scores q.k / 8: 6 for key 0, 0.1875 for the others
+    k = torch.zeros(b, h, n, d, device="cuda")
+    k[..., 0] = 0.1875
+    k[:, :, 0, 0] = 6.0
+    v = torch.zeros(b, h, n, d, device="cuda")
+    v[:, :, 1:, 0] = 1.0
+    key_major = v.to(torch.float8_e4m3fn).transpose(-1, -2).contiguous().transpose(-1, -2)
+    ones = torch.ones(b, h, 2, device="cuda")
+    args = (
+        q.to(torch.float8_e4m3fn),
+        k.to(torch.float8_e4m3fn),
+        key_major,
+        ones[..., :1],
+        ones,
+        ones,
+    )
+    out = attncc.compile(EXAMPLE_DIR / "fp8_block.attn", target=target)(*args, scale=0.125)
+    weight = math.exp(-5.8125)
+    expected = 255 * weight / (1 + 255 * weight)
+    assert abs(out[..., 0].float() - expected).max().item() <= 0.03 * expected
+
+
 FP8_PER_HEAD = """attention fp8_per_head
 dims  B, H, M, N, D
 in    q[B, H, M, D]: f8e4m3
@@ -676,7 +709,9 @@ def test_fp8_kernel_descales_per_head_within_triton_error(
     # the kernel's weights carry a factor 2^8 (FP8_WEIGHT_LOG2) that the lse must not
     lse = torch.logsumexp(s, -1)
     lse_error = float((cuda_lse.double() - lse).abs().max())
-    assert lse_error <= 1.1 * float((triton_lse.double() - lse).abs().max()) + 1e-4, lse_error
+    triton_lse_error = float((triton_lse.double() - lse).abs().max())
+    assert lse_error <= 1.1 * triton_lse_error + 1e-4, lse_error
+    assert triton_lse_error <= 1e-3, triton_lse_error  # its weights carry 2^8 too
 
 
 WGMMA_CONFIGS = [
