@@ -711,7 +711,9 @@ def test_fp8_kernel_descales_per_head_within_triton_error(
     lse_error = float((cuda_lse.double() - lse).abs().max())
     triton_lse_error = float((triton_lse.double() - lse).abs().max())
     assert lse_error <= 1.1 * triton_lse_error + 1e-4, lse_error
-    assert triton_lse_error <= 1e-3, triton_lse_error  # its weights carry 2^8 too
+    # its weights carry 2^8 too: an lse that kept the factor is 8 ln 2 = 5.5 off, where the
+    # FP8 MMAs' sums of the scores leave 3.9e-3 / 2.5e-2 (K's descale x1 / x4, H200)
+    assert triton_lse_error <= 0.1, triton_lse_error
 
 
 WGMMA_CONFIGS = [
