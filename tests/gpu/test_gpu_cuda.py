@@ -534,6 +534,19 @@ def assert_fp8_within_triton_error(name: str, x: Any) -> None:
     assert rmse(cuda) <= 1.1 * rmse(triton_out) + 1e-4, (rmse(cuda), rmse(triton_out))
 
 
+def quantized_normals(seed: int, batch: int, heads: int, seqlen: int) -> Any:
+    """attncc.fp8.quantize's block (128, 128) quantisation of normal q, k and v of one
+    length, for the CUDA FP8 kernel's tests (skipped without an sm_90 GPU)."""
+    from attncc.fp8 import quantize
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUDA FP8 kernel needs an sm_90 GPU (H100/H200)")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (batch, heads, seqlen, 128)
+    q, k, v = (torch.randn(shape, device="cuda", generator=gen) for _ in range(3))
+    return quantize(q, k, v, block=(128, 128))
+
+
 @pytest.mark.parametrize("name", ["fp8_block", "fp8_causal"])
 def test_fp8_kernel_descales_of_any_sign(name: str) -> None:
     """Negative and zero descales beside positive ones in one head (a kernel that took the
@@ -542,13 +555,7 @@ def test_fp8_kernel_descales_of_any_sign(name: str) -> None:
     FP8 kernel's error of it."""
     import dataclasses
 
-    from attncc.fp8 import quantize
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUDA FP8 kernel needs an sm_90 GPU (H100/H200)")
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    q, k, v = (torch.randn(1, 2, 640, 128, device="cuda", generator=gen) for _ in range(3))
-    x = quantize(q, k, v, block=(128, 128))
+    x = quantized_normals(11, 1, 2, 640)
     q_descale, k_descale = x.q_descale.clone(), x.k_descale.clone()
     q_descale[:, 0, 1] *= -1.0  # a negative factor a query block long
     k_descale[:, 0, 2] *= -1.0  # and one a key block long, in the same head
@@ -566,13 +573,7 @@ def test_fp8_kernel_value_scales_far_apart(name: str) -> None:
     kernel's error of it."""
     import dataclasses
 
-    from attncc.fp8 import quantize
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUDA FP8 kernel needs an sm_90 GPU (H100/H200)")
-    gen = torch.Generator(device="cuda").manual_seed(17)
-    q, k, v = (torch.randn(2, 2, 1152, 128, device="cuda", generator=gen) for _ in range(3))
-    x = quantize(q, k, v, block=(128, 128))
+    x = quantized_normals(17, 2, 2, 1152)
     jumps = torch.tensor([1.0, 1.7, 1.8, 0.13, 0.12, 8.0, 0.5, 1.0, 40.0], device="cuda")
     assert_fp8_within_triton_error(
         name, dataclasses.replace(x, v_descale=x.v_descale * jumps.cumprod(0))
@@ -589,13 +590,7 @@ def test_fp8_kernel_peaked_scores_within_triton_error(name: str, score_scale: fl
     Triton FP8 kernel's 4.72e-3 at 4x (H200)."""
     import dataclasses
 
-    from attncc.fp8 import quantize
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUDA FP8 kernel needs an sm_90 GPU (H100/H200)")
-    gen = torch.Generator(device="cuda").manual_seed(23)
-    q, k, v = (torch.randn(2, 4, 1024, 128, device="cuda", generator=gen) for _ in range(3))
-    x = quantize(q, k, v, block=(128, 128))
+    x = quantized_normals(23, 2, 4, 1024)
     assert_fp8_within_triton_error(
         name, dataclasses.replace(x, k_descale=x.k_descale * score_scale)
     )
@@ -608,13 +603,7 @@ def test_fp8_kernel_value_scales_powers_of_two_apart(name: str) -> None:
     others move O to the tile's scale; within the Triton FP8 kernel's error either way."""
     import dataclasses
 
-    from attncc.fp8 import quantize
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUDA FP8 kernel needs an sm_90 GPU (H100/H200)")
-    gen = torch.Generator(device="cuda").manual_seed(29)
-    q, k, v = (torch.randn(2, 2, 1152, 128, device="cuda", generator=gen) for _ in range(3))
-    x = quantize(q, k, v, block=(128, 128))
+    x = quantized_normals(29, 2, 2, 1152)
     steps = torch.tensor([1.0, 0.5, 0.125, 2.0, 1.0, 0.0625, 0.5, 1.0, 1.0], device="cuda")
     v_descale = x.v_descale[..., :1] * steps.cumprod(0)
     x = dataclasses.replace(x, k_descale=x.k_descale * 4.0, v_descale=v_descale)
@@ -626,32 +615,13 @@ def test_fp8_small_weights_stay_e4m3_normals(target: str) -> None:
     """A row with one dominant key and 255 keys each weighing e^-5.8125 (0.003) of it: both
     FP8 kernels' weights (times 2^8) keep those as e4m3 normals (0.75 / 256, 1% low), where
     weights in [0, 1] round them to the subnormal 0.0039, 31% high."""
-    import math
+    from fp8_cases import SMALL_WEIGHT_OUT, small_weight_rows
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the CUDA FP8 kernel needs an sm_90 GPU (H100/H200)")
-    b, h, m, n, d = 1, 2, 128, 256, 128
-    q = torch.zeros(b, h, m, d, device="cuda")
-    q[..., 0] = 8.0  # scores q.k / 8: 6 for key 0, 0.1875 for the others
-    k = torch.zeros(b, h, n, d, device="cuda")
-    k[..., 0] = 0.1875
-    k[:, :, 0, 0] = 6.0
-    v = torch.zeros(b, h, n, d, device="cuda")
-    v[:, :, 1:, 0] = 1.0
-    key_major = v.to(torch.float8_e4m3fn).transpose(-1, -2).contiguous().transpose(-1, -2)
-    ones = torch.ones(b, h, 2, device="cuda")
-    args = (
-        q.to(torch.float8_e4m3fn),
-        k.to(torch.float8_e4m3fn),
-        key_major,
-        ones[..., :1],
-        ones,
-        ones,
-    )
-    out = attncc.compile(EXAMPLE_DIR / "fp8_block.attn", target=target)(*args, scale=0.125)
-    weight = math.exp(-5.8125)
-    expected = 255 * weight / (1 + 255 * weight)
-    assert abs(out[..., 0].float() - expected).max().item() <= 0.03 * expected
+    kernel = attncc.compile(EXAMPLE_DIR / "fp8_block.attn", target=target)
+    out = kernel(*small_weight_rows(128, "cuda"), scale=0.125)
+    assert abs(out[..., 0].float() - SMALL_WEIGHT_OUT).max().item() <= 0.03 * SMALL_WEIGHT_OUT
 
 
 FP8_PER_HEAD = """attention fp8_per_head

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from fp8_cases import SMALL_WEIGHT_LSE, SMALL_WEIGHT_OUT, small_weight_rows
 
 import attncc
 from attncc.checking import check, table
@@ -341,28 +342,9 @@ def test_fp8_pv_small_weights_stay_e4m3_normals() -> None:
     """A row with one dominant key and 255 keys each weighing e^-5.8125 (0.003) of it: in
     [0, 1] those weights are e4m3 subnormals of 2^-9 steps and round to 0.0039, 31% high;
     times 2^8 (the kernel's weights) they round to 0.75 / 256, 1% low."""
-    b, h, m, n, d = 1, 1, 64, 256, 64
-    q = torch.zeros(b, h, m, d)
-    q[..., 0] = 8.0
-    k = torch.zeros(b, h, n, d)
-    k[..., 0] = 0.1875
-    k[:, :, 0, 0] = 6.0  # scores q.k / sqrt(64): 6 for key 0, 0.1875 for the others
-    v = torch.zeros(b, h, n, d)
-    v[:, :, 1:, 0] = 1.0
-    key_major = v.to(torch.float8_e4m3fn).transpose(-1, -2).contiguous().transpose(-1, -2)
-    ones = torch.ones(b, h, 2)
-    args = [
-        q.to(torch.float8_e4m3fn),
-        k.to(torch.float8_e4m3fn),
-        key_major,
-        ones[..., :1],
-        ones,
-        ones,
-    ]
+    args = [t.to(DEVICE) for t in small_weight_rows(64, "cpu")]
     kernel = compiled("fp8_block", "fused")
-    out, lse = kernel(*[t.to(DEVICE) for t in args], block_m=64, block_n=128, return_lse=True)
-    weight = math.exp(-5.8125)
-    expected = 255 * weight / (1 + 255 * weight)
-    assert abs(out[..., 0].float().cpu() - expected).max().item() <= 0.03 * expected
+    out, lse = kernel(*args, scale=0.125, block_m=64, block_n=128, return_lse=True)
+    assert abs(out[..., 0].float().cpu() - SMALL_WEIGHT_OUT).max().item() <= 0.03 * SMALL_WEIGHT_OUT
     # the lse without the weights' factor: log of the row's sum of exp(score)
-    assert abs(lse.cpu() - (6.0 + math.log1p(255 * weight))).max().item() <= 1e-5
+    assert abs(lse.cpu() - SMALL_WEIGHT_LSE).max().item() <= 1e-5
