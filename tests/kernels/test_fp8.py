@@ -348,3 +348,31 @@ def test_fp8_pv_small_weights_stay_e4m3_normals() -> None:
     assert abs(out[..., 0].float().cpu() - SMALL_WEIGHT_OUT).max().item() <= 0.03 * SMALL_WEIGHT_OUT
     # the lse without the weights' factor: log of the row's sum of exp(score)
     assert abs(lse.cpu() - SMALL_WEIGHT_LSE).max().item() <= 1e-5
+
+
+FP8_SINK = FP8.replace("p = softmax(s, n)", "p = softmax(s, n, sinks[h])").replace(
+    "in    v_descale[B, H, NB]: f32", "in    v_descale[B, H, NB]: f32\nin    sinks[H]: f32"
+)
+
+
+def test_fp8_with_a_sink() -> None:
+    """A sink beside FP8 weights (which carry the factor 2^FP8_WEIGHT_LOG2, as the sink's
+    term must): `attncc check`'s FP8 rule passes, and on quantize's key-major inputs (P·V in
+    FP8) the lse is float64's of the dequantised inputs."""
+    assert FP8_SINK.count("sinks") == 2
+    kernel = attncc.compile(FP8_SINK)
+    results = check(kernel, trials=3, seed=4, device=DEVICE, max_len=80)
+    assert all(r.ok for r in results), table(results)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 150, 64, generator=gen) for _ in range(3))
+    x = quantize(q, k, v, block=(64, 64))
+    sinks = torch.tensor([0.5, 3.0])
+    args = [t.to(DEVICE) for t in (*_fp8_args(x), sinks)]
+    _, lse = kernel(*args, block_m=64, block_n=64, return_lse=True)
+
+    def dequantised(codes: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+        return codes.double() * descale.double().repeat_interleave(64, -1)[..., :150, None]
+
+    s = dequantised(x.q, x.q_descale) @ dequantised(x.k, x.k_descale).transpose(-1, -2) / 8
+    with_sink = torch.cat([s, sinks.double()[None, :, None, None].expand(1, 2, 150, 1)], -1)
+    assert (lse.cpu().double() - torch.logsumexp(with_sink, -1)).abs().max().item() <= 1e-5
