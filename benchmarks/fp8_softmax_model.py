@@ -29,17 +29,10 @@ import math
 
 import torch
 
+from attncc.fp8 import quantize_torch
+
 E4M3 = torch.float8_e4m3fn
 TILE = 128
-
-
-def quantise(x: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """e4m3 codes of ``x [H, S, D]`` (float32) and one descale per ``rows`` rows a head."""
-    h, s, d = x.shape
-    blocks = x.view(h, s // rows, rows, d)
-    descale = blocks.abs().amax(dim=(-1, -2), keepdim=True) / 448
-    codes = (blocks / descale).to(E4M3).float().view(h, s, d)
-    return codes, descale.view(h, s // rows)
 
 
 def truncated_sum(acc: torch.Tensor, terms: torch.Tensor, bits: int) -> torch.Tensor:
@@ -123,8 +116,9 @@ def errors(
     if value_blocks:  # blocks of keys whose values differ in scale
         v = v * (torch.rand(heads, seqlen, 1, generator=gen) * 3 + 0.2)
     rows = TILE if value_blocks else seqlen  # a descale per block, or one a head
-    (qc, qd), (kc, kd), (vc, vd) = (quantise(x, rows) for x in (q, k, v))
-    kd = kd * scale
+    x = quantize_torch(q, k, v, block=(rows, rows))  # attncc.fp8.quantize's numbers
+    qc, kc, vc = (t.float() for t in (x.q, x.k, x.v))
+    qd, kd, vd = x.q_descale, x.k_descale * scale, x.v_descale
     k_tiles, v_tiles = (d.repeat_interleave(rows // TILE, 1) for d in (kd, vd))
     q_rows = qd.repeat_interleave(rows, 1)  # [H, S]
     factor = q_rows.unsqueeze(-1) * k_tiles.unsqueeze(1) / math.sqrt(128) / math.log(2)
