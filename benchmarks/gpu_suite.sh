@@ -80,17 +80,27 @@ fi
 if has coldrounds; then
     # The spread of cold first calls: ROUNDS fresh processes a case of COLD_CASES ("SPEC SHAPE
     # DTYPE TARGET;..."), each on empty caches, cases alternating, with each phase's span
-    # (startup.py phases): what a first call waits for, and what varies between runs
+    # (startup.py phases): what a first call waits for, and what varies between runs. A case
+    # may end in startup.py's flags ("backward"), "tune" (ATTNCC_AUTOTUNE=1: tuning inline).
+    # COLD_BASE=DIR: each case runs on that tree too (a copy of attncc, templates, grammars,
+    # benchmarks and examples), before this one, in the same round: an A/B of first calls
     unset PYTHONDONTWRITEBYTECODE ATTNCC_AUTOTUNE
-    export PYTHONPYCACHEPREFIX=/tmp/startup_pycache
     IFS=';' read -ra cold_cases <<< "${COLD_CASES:-causal 2,8,64,64 fp32 auto;causal 2,8,512,128 bf16 auto;causal 1,16,2048,128 bf16 auto}"
     for round in $(seq "${ROUNDS:-5}"); do
         for cold_case in "${cold_cases[@]}"; do
-            read -r c_spec c_shape c_dtype c_target <<< "$cold_case"
-            rm -rf /tmp/cold_cache
-            ATTNCC_CACHE_DIR=/tmp/cold_cache/attncc TRITON_CACHE_DIR=/tmp/cold_cache/triton \
-                TARGET=$c_target timeout 300 python3 benchmarks/startup.py "examples/$c_spec.attn" \
-                "cold-$round" phases "shape=$c_shape" "dtype=$c_dtype" 2>&1 | grep -vE "Warning|warn"
+            read -r c_spec c_shape c_dtype c_target c_flags <<< "$cold_case"
+            c_env=()
+            [[ " $c_flags " == *" tune "* ]] && c_env=(ATTNCC_AUTOTUNE=1)
+            c_flags=${c_flags//tune/}
+            for c_tree in ${COLD_BASE:+"$COLD_BASE"} "$PWD"; do
+                rm -rf /tmp/cold_cache
+                (cd "$c_tree" && echo "tree: $c_tree" &&
+                    env "${c_env[@]}" PYTHONPATH="$c_tree:$PYTHONPATH" \
+                    PYTHONPYCACHEPREFIX="/tmp/startup_pycache$c_tree" ATTNCC_CACHE_DIR=/tmp/cold_cache/attncc \
+                    TRITON_CACHE_DIR=/tmp/cold_cache/triton TARGET=$c_target timeout 300 \
+                    python3 benchmarks/startup.py "examples/$c_spec.attn" "cold-$round" phases \
+                    "shape=$c_shape" "dtype=$c_dtype" $c_flags 2>&1 | grep -vE "Warning|warn")
+            done
         done
     done | tee "$OUT/firstcall_rounds_$gpu.txt"
 fi

@@ -51,6 +51,10 @@ _QUERIES = frozenset(
      "requires_grad", "itemsize", "layout", "is_floating_point"}
 )  # fmt: skip
 
+# what a module's host code may do ahead of its launches and still be replayed (or have its
+# kernels compiled ahead: attncc.runtime.compile_ahead)
+HOST_WORK = _FACTORIES | _LIKE_FACTORIES | _FILLS | _QUERIES
+
 # where a kernel argument comes from at a call: ("input", name), ("alloc", index), or a
 # tensor descriptor over one of those: ("desc", source, shape, strides, block, padding)
 Source = tuple[Any, ...]
@@ -60,7 +64,7 @@ class _Refused(Exception):
     """The call did something a replay could not repeat (the message says what)."""
 
 
-def _name(func: Any) -> str:
+def function_name(func: Any) -> str:
     name = getattr(func, "__name__", "")
     if name == "__get__":  # a property read: Tensor.shape.__get__
         return getattr(getattr(func, "__self__", None), "__name__", name)
@@ -118,7 +122,7 @@ class _Recorder(TorchFunctionMode):
         return result
 
     def _note(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
-        name = _name(func)
+        name = function_name(func)
         if name in _QUERIES:
             return
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -497,7 +501,7 @@ def _triton_runtime_knobs() -> Any:
     return _TRITON_RUNTIME_KNOBS
 
 
-_LOCK = threading.RLock()
+LOCK = threading.RLock()
 _RECORDING = threading.local()
 
 
@@ -529,7 +533,7 @@ def _watching(kernels: list[Any], recorder: _Recorder, device: int | None) -> It
 
         return run
 
-    with _LOCK:
+    with LOCK:
         for kernel in kernels:
             kernel.run = watch(kernel)
         _RECORDING.recorder = recorder
@@ -569,16 +573,27 @@ def _launched_directly(
     return True
 
 
+def module_kernels(module: Any) -> list[Any]:
+    """A generated module's Triton kernels, each once (an alias patched twice would be
+    unpatched once)."""
+    from triton.runtime.jit import KernelInterface
+
+    found = [v for v in vars(module).values() if isinstance(v, KernelInterface)]
+    return list({id(k): k for k in found}.values())
+
+
 def record(
     module: Any, launch: Callable[[], Result], tensors: dict[str, Any], compiled: bool
 ) -> tuple[Result, TritonPlan | None, str | None]:
     """Run ``launch`` (the module's ``_launch`` for this call, or a backward's launches)
     once, watching it: its result (a tuple of tensors), the plan that replays it (None
     where it cannot), and why not."""
-    from triton.runtime.jit import KernelInterface
+    from attncc.runtime import compile_ahead
 
-    found = [v for v in vars(module).values() if isinstance(v, KernelInterface)]
-    kernels = list({id(k): k for k in found}.values())  # an alias patched twice unpatches once
+    kernels = module_kernels(module)
+    if compiled:
+        # the kernels it launches compiled side by side first, not one after the other
+        compile_ahead.ahead(kernels, [launch])
     recorder = _Recorder(tensors)
     device = torch.cuda.current_device() if compiled else None
     with _watching(kernels, recorder, device), recorder:

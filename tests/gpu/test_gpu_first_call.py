@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import attncc
+from attncc.runtime import compile_ahead, triton_plan
 from attncc.runtime.launch_plan import Plans
 
 pytestmark = pytest.mark.gpu
@@ -49,3 +52,49 @@ def test_a_first_call_never_builds_tritons_launcher(dtype: torch.dtype, queries:
     full, _ = geometry.launch(kernel.module(False), dict(inputs), False)
     assert all(step.compiled._run is not None for step in plan.steps)
     torch.testing.assert_close(out, full, rtol=0, atol=0)
+
+
+@triton.jit
+def _fill_first(out, value, BLOCK: tl.constexpr):
+    tl.store(out + tl.arange(0, BLOCK), tl.full((BLOCK,), value, tl.float32))
+
+
+@triton.jit
+def _fill_second(out, value, BLOCK: tl.constexpr):
+    tl.store(out + tl.arange(0, BLOCK), tl.full((BLOCK,), value + 1.0, tl.float32))
+
+
+def test_kernels_compiled_ahead_are_compiled_and_not_launched() -> None:
+    out = torch.full((64,), -1.0, device="cuda")
+
+    def call() -> None:
+        _fill_first[(1,)](out, 1.0, BLOCK=64)
+        _fill_second[(1,)](out, 2.0, BLOCK=64)
+
+    compile_ahead.ahead([_fill_first, _fill_second], [call])
+    torch.cuda.synchronize()
+    assert (out == -1.0).all()  # nothing ran
+    device = torch.cuda.current_device()
+    assert all(len(k.device_caches[device][0]) == 1 for k in (_fill_first, _fill_second))
+    call()
+    assert (out == 3.0).all()
+
+
+def test_tuning_compiles_every_candidate_ahead() -> None:
+    spec = SPEC.replace("first_call_launch", "tuning_compiles_ahead")
+    kernel = attncc.compile(spec, target="triton")
+    gen = torch.Generator().manual_seed(1)
+    shapes = {"q": (1, 2, 256, 64), "k": (1, 2, 256, 64), "v": (1, 2, 256, 64)}
+    inputs = {
+        n: torch.randn(s, generator=gen).to("cuda", torch.bfloat16) for n, s in shapes.items()
+    }
+    module = kernel.module(False)
+    kernels = triton_plan.module_kernels(module)
+    device = torch.cuda.current_device()
+    _, pick = kernel.tuner.tune(module, inputs, {})
+    candidates = kernel.tuner.candidates(
+        {"B": 1, "H": 2, "M": 256, "N": 256, "D": 64}, torch.bfloat16
+    )
+    assert pick in candidates
+    compiled = sum(len(k.device_caches[device][0]) for k in kernels)
+    assert compiled >= len({tuple(sorted(c.items())) for c in candidates})
