@@ -11,6 +11,7 @@ which a short kernel (a 2k document mask: 150 us of GPU time) otherwise waits fo
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +37,26 @@ def convert(
     if not conversions:
         return tensors
     return {**tensors, **{name: tensors[name].to(dtype) for name, dtype in conversions}}
+
+
+def allocator(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str | int,
+    zeros: bool = False,
+) -> Callable[[], torch.Tensor]:
+    """A new contiguous tensor of this shape, dtype and device on each call (zero-filled
+    where ``zeros``), for a plan's repeated allocations: ``torch.empty_like`` of a
+    one-element template expanded to the shape, whose call parses no shape, dtype or device
+    (1.33 against 2.44 us of CPU for ``torch.empty(shape, dtype=, device=)``, this
+    repository's CPU machine)."""
+    shape = tuple(shape)
+    if not shape:
+        factory = torch.zeros if zeros else torch.empty
+        return functools.partial(factory, (), dtype=dtype, device=device)
+    template = torch.empty(1, dtype=dtype, device=device).expand(shape)
+    like = torch.zeros_like if zeros else torch.empty_like
+    return functools.partial(like, template, memory_format=torch.contiguous_format)
 
 
 class Plans:
@@ -139,6 +160,7 @@ class FusedPlan:
         # where each map holds its address (tensor_map.AddressField), found on the first
         # call: None until then, () where a map has none (each call encodes its maps)
         self.fields: tuple[tensor_map.AddressField, ...] | None = None if maps else ()
+        self._new_index: Callable[[], torch.Tensor] | None = None  # on the first call's device
         self._lock = threading.Lock()
 
     def __call__(self, tensors: dict[str, Any]) -> Result | None:
@@ -163,7 +185,9 @@ class FusedPlan:
             return out, lse
         # `index` stays referenced until both launches are queued: freed before, its block
         # could go to the next allocation, which the attention kernel would then read
-        index = torch.empty(self.index_words, dtype=torch.int32, device=out.device)
+        if self._new_index is None:
+            self._new_index = allocator((self.index_words,), torch.int32, out.device)
+        index = self._new_index()
         self.builder(*pointers, index.data_ptr())
         self.attend(*pointers, index.data_ptr(), *maps)
         return out, lse

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from attncc.runtime import driver, tensor_descriptors, triton_launch
+from attncc.runtime import driver, launch_plan, tensor_descriptors, triton_launch
 
 Result = tuple[torch.Tensor, ...]  # the module's outputs: (out, lse); a backward's gradients
 
@@ -220,8 +220,13 @@ class TritonPlan:
             _scratch(recorder, {*outputs, *kept}) if device is not None else ({}, 0)
         )
         self.allocations = tuple(
-            None if index in scratch else a for index, a in enumerate(recorder.allocations)
+            None if index in scratch else _prepared_allocation(a, recorder.tensors[index])
+            for index, a in enumerate(recorder.allocations)
         )
+        self._new_scratch = None
+        if device is not None and self.scratch_bytes:
+            cuda = torch.device("cuda", device)
+            self._new_scratch = launch_plan.allocator((self.scratch_bytes,), torch.uint8, cuda)
         self.steps = tuple(
             replace(
                 step,
@@ -282,9 +287,9 @@ class TritonPlan:
         for filled, fill, fill_args in self.fills:
             fill(allocs[filled], *fill_args)
         base = 0
-        if self.scratch_bytes:
+        if self._new_scratch is not None:
             # keeps the block allocated until the launches are queued (stream order after)
-            block = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=self.device)
+            block = self._new_scratch()
             base = block.data_ptr()
         if compiled:
             if self.issues is not None:
@@ -442,6 +447,21 @@ def _launcher(compiled: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
 # a scratch tensor's offset in the call's one scratch allocation is a multiple of this: the
 # caching allocator's own alignment, so Triton's divisibility specialization still holds
 _SCRATCH_ALIGN = 512
+
+
+def _prepared_allocation(allocation: _Allocation, recorded: torch.Tensor) -> _Allocation:
+    """``allocation`` as a replay makes it: a plain ``torch.empty`` or ``torch.zeros`` of a
+    GPU tensor through ``launch_plan.allocator`` (its shape, dtype and device the recorded
+    tensor's), which parses none of them again each call."""
+    name = function_name(allocation.factory)
+    plain = set(allocation.kwargs) <= {"dtype", "device"} and allocation.like is None
+    if allocation.kept is not None or name not in ("empty", "zeros") or not plain:
+        return allocation
+    if recorded.device.type != "cuda" or not recorded.is_contiguous():
+        return allocation
+    zeros = name == "zeros"
+    new = launch_plan.allocator(recorded.shape, recorded.dtype, recorded.device, zeros)
+    return replace(allocation, factory=new, args=(), kwargs={})
 
 
 def _scratch(recorder: _Recorder, excluded: set[int]) -> tuple[dict[int, int], int]:

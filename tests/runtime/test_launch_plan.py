@@ -374,3 +374,20 @@ def test_a_backward_plan_fills_each_calls_pointers_and_fresh_buffers(
     contexts[0] = 12
     assert plan({"doc": doc}, out, lse, dout, dlse) is None
     assert len(first.calls) == 2 and len(second.calls) == 2
+
+
+@pytest.mark.parametrize(
+    "shape", [(2, 8, 64, 64), (5,), (), (0, 3), (3, 0, 2), (1, 1, 1, 1, 1), (7, 1, 3)]
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int32, torch.uint8])
+def test_an_allocator_makes_what_torch_empty_and_zeros_make(
+    shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    for zeros, factory in ((False, torch.empty), (True, torch.zeros)):
+        new = launch_plan.allocator(shape, dtype, "cpu", zeros)
+        made, expected = new(), factory(shape, dtype=dtype)
+        assert (made.shape, made.stride(), made.dtype) == (expected.shape, expected.stride(), dtype)
+        assert made.is_contiguous() and not made.requires_grad
+        assert new().data_ptr() != made.data_ptr() or made.numel() == 0  # a new tensor a call
+        if zeros:
+            assert made.numel() == 0 or not made.any()
