@@ -4,9 +4,11 @@ header. Host code is Python for every backend."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from attncc.codegen import exprs as cx
+from attncc.codegen import plan
 from attncc.codegen.plan import comment_text
 from attncc.ir import nodes as ir
 from attncc.ir.printer import expr_str
@@ -58,6 +60,7 @@ def tables(k: ir.AttentionKernel) -> dict[str, Any]:
         for p in k.params
     ]
     group = {"head_dim": k.group.head.dim, "kv_dim": k.group.kv_dim} if k.group else None
+    bound = plan.fixed_reference_bound(k)
     return {
         "derived_dims": [{"name": d, "value": cx.host_expr(v, "sizes")} for d, v in k.derived_dims],
         "inputs": inputs,
@@ -66,6 +69,15 @@ def tables(k: ir.AttentionKernel) -> dict[str, Any]:
         "dims": list(k.dims),
         "subscript_checks": subscript_checks(k),
         "group": group,
+        "fixed_reference": (
+            {
+                "bound": cx.host_expr(bound, "sizes", "params"),
+                "text": expr_str(bound),
+                "log2e": repr(math.log2(math.e)),
+            }
+            if bound is not None
+            else None
+        ),
     }
 
 

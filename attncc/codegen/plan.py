@@ -437,6 +437,42 @@ def scaled_score_mods(
     return folded, tuple(mod for mod in rest if mod != ir.Score())  # ``s = s`` does nothing
 
 
+def score_bound(mods: tuple[ir.Expr, ...]) -> ir.Expr | None:
+    """A ``uniform`` expression bounding every final score's magnitude (``|s| <= bound``
+    wherever a mask lets it through), or None where nothing bounds it. Only the last score
+    mod decides it: a squashed score (tanh, within [-1, 1]) times uniform factors, and sums
+    of bounded terms (soft-capping: ``|cap * tanh(s / cap)| <= |cap|``)."""
+    return _magnitude_bound(mods[-1]) if mods else None
+
+
+def fixed_reference_bound(kernel: ir.AttentionKernel) -> ir.Expr | None:
+    """The scores' magnitude bound (``score_bound``) where a fused kernel may take it as its
+    softmax reference (the Triton kernel's FIXED_REFERENCE, decided by the host a call): none
+    with a sink (its logit has no bound), FP8 inputs (their weights carry an offset of their
+    own, FP8_WEIGHT_LOG2) or the naive schedule (no online softmax)."""
+    if kernel.sink is not None or kernel.fp8 or kernel.schedule == "naive":
+        return None
+    return score_bound(kernel.score_mods)
+
+
+def _magnitude_bound(expr: ir.Expr) -> ir.Expr | None:
+    one = ir.Const(1.0, "float")
+    match expr:
+        case ir.Call(func="tanh"):
+            return one
+        case ir.Unary(op="neg", operand=x):
+            return _magnitude_bound(x)
+        case ir.BinOp(op="*" | "+" | "-" as op, left=a, right=b, type="float"):
+            bounds = (_magnitude_bound(a), _magnitude_bound(b))
+            if bounds[0] is None or bounds[1] is None:
+                return None
+            combined = ir.BinOp("*" if op == "*" else "+", bounds[0], bounds[1], "float")
+            return bounds[0] if bounds[1] == one and op == "*" else combined
+    if uniform(expr):
+        return ir.Call("abs", (expr,), "float")
+    return None
+
+
 def outer_factors(mod: ir.Expr) -> tuple[list[ir.Expr], list[ir.Expr]] | None:
     """A score mod as (``uniform`` factors, the rest) where it is a product with some
     (``cap * tanh(s)``): the factors join log2(e) in one number a call, so the score's move

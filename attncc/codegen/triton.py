@@ -448,6 +448,9 @@ class _Context:
             "key_blocks_aligned": aligned if block_lines or fp8_pv else None,
             # P meets V in FP8 where the kernel may take the value scale a tile at a time
             "fp8_pv": fp8_pv,
+            # the fused kernel's FIXED_REFERENCE switch (fixed_reference; the split kernels
+            # keep the online max)
+            "fixed_reference": key_blocks and plan.fixed_reference_bound(self.k) is not None,
             "key_var": cx.index_var(self.k.key_axis.index),
             "key_dim": cx.safe_name(self.k.key_axis.dim),
             "k_tile": k_parts["k_tile"],
@@ -704,6 +707,9 @@ class _Context:
         tiled = k.schedule != "naive"
         prologue, _ = self.score_lines(hoist=tiled)
         scalars = self.env(vector=False)
+        bound = plan.fixed_reference_bound(k)
+        if bound is not None:
+            prologue.append(f"score_bound = ({cx.triton_expr(bound, scalars)}) * {LOG2E!r}")
         k_parts = self.kv_operand(k.key, k.head_axis.index, scalars)
         v_parts = self.kv_operand(k.value, k.value_axis.index, scalars)
         kernel_params, launch_args = self.kernel_params()

@@ -159,7 +159,9 @@ class Kernel:
             return self.target
         tensors, params = self._host._bind(args, kwargs)
         sizes, dtype, device = self._host._check(tensors, params)
-        return "cuda" if self._host._auto_takes_cuda(tensors, sizes, dtype, device) else "triton"
+        full = self._host._param_defaults(sizes, dict(params))
+        takes = self._host._auto_takes_cuda(tensors, full, sizes, dtype, device)
+        return "cuda" if takes else "triton"
 
     def warm(self, *args: Any, **kwargs: Any) -> int:
         """Compile, without timing, every launch configuration autotuning would try for

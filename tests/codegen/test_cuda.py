@@ -721,7 +721,8 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
     on 132 SMs, of 1057 (144 tiles) stays; a sliding window at head dim 64 stays from 2 x 8 x
     17 tiles; causal at head dim 64 from 2 x 8 x 33, at head dim 128 from 2 x 8 x 25; a call
     the kernels cannot take never stays, nor one of soft-capping (a tanh a score) at head
-    dim 64."""
+    dim 64, nor at head dim 128 one the Triton kernel runs with the scores' bound as its
+    softmax reference (bfloat16, the cap at most 50 / log2(e): float16 stays)."""
 
     def module(name: str) -> Any:
         compiled = attncc.compile(EXAMPLES / f"{name}.attn", target="cuda").module(False)
@@ -734,12 +735,17 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
     cuda = torch.device("cuda", 0)
 
     def stays(
-        spec: Any, rows: int, head_dim: int = 64, dtype: torch.dtype = torch.bfloat16
+        spec: Any,
+        rows: int,
+        head_dim: int = 64,
+        dtype: torch.dtype = torch.bfloat16,
+        params: dict[str, float] | None = None,
     ) -> bool:
         q = torch.zeros(2, 8, rows, head_dim, dtype=dtype)
-        tensors, _ = spec._bind([q, q, q], {})
+        tensors, params = spec._bind([q, q, q], params or {})
         sizes = {"B": 2, "H": 8, "M": rows, "N": rows, "D": head_dim}
-        return bool(spec._auto_takes_cuda(tensors, sizes, dtype, cuda))
+        full = spec._param_defaults(sizes, dict(params))
+        return bool(spec._auto_takes_cuda(tensors, full, sizes, dtype, cuda))
 
     assert not stays(full, 512) and not stays(full, 64)
     assert stays(full, 2048) and stays(full, 1057)  # 2 x 8 x 9 tiles
@@ -747,7 +753,9 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
     assert not stays(window, 2048) and stays(window, 2049)  # 256 and 2 x 8 x 17 = 272
     assert not stays(causal, 4096) and stays(causal, 4097)  # 512 and 2 x 8 x 33 = 528
     assert stays(causal, 3073, head_dim=128) and not stays(causal, 3072, head_dim=128)
-    assert not stays(softcap, 16384) and stays(softcap, 16384, head_dim=128)
+    assert not stays(softcap, 16384) and not stays(softcap, 16384, head_dim=128)
+    assert stays(softcap, 16384, head_dim=128, dtype=torch.float16)
+    assert stays(softcap, 16384, head_dim=128, params={"cap": 50.0})
     assert not stays(full, 4096, dtype=torch.float32)
 
 
