@@ -213,7 +213,10 @@ if has bwdhost; then
     # what a training step costs the host at small shapes (benchmarks/backward_host.py): CPU
     # to issue a backward, a forward requiring grad and both, attncc's two backends beside
     # FA2's, each process pinned to one core (the GPU machines' host times move 1.5-2x
-    # between runs otherwise), three processes in turn; the best of each is the number
+    # between runs otherwise), three processes in turn; the best of each is the number. A
+    # process pinned to one core that ran a CUDA backward ends in "terminate called without
+    # an active exception" at exit (torch 2.11; torch alone does it too: a two-line
+    # torch.autograd.grad on a CUDA tensor under taskset -c 3), after its output
     for _ in 1 2 3; do
         taskset -c 3 python3 benchmarks/backward_host.py examples/causal.attn 1,16,2048,128 \
             2,8,512,128 --anchors sdpa-flash --no-profile 2>&1 | grep -vE "Warning|warn|run_backward"

@@ -10,7 +10,9 @@
 # 200 unsynchronised calls) from its own tree, with caches of its own; with BACKWARD=1 each
 # process runs backward_host.py on the case instead (a backward's CPU time through both
 # backends, and a forward requiring grad's; target auto, TARGET ignored). SPEC names an
-# example (examples/SPEC.attn).
+# example (examples/SPEC.attn). A pinned process that ran a CUDA backward ends in
+# "terminate called without an active exception" at exit, after its output (torch 2.11
+# alone does it: see gpu_suite.sh's bwdhost step).
 set -uo pipefail
 if [ $# -lt 2 ]; then
     echo "usage: bash benchmarks/host_ab.sh BASELINE_DIR \"SPEC SHAPE DTYPE TARGET;...\" [ROUNDS]" >&2
