@@ -77,10 +77,9 @@ def _diverted(kernels: Sequence[Any]) -> Iterator[None]:
     """``kernels``' launches from this thread compile (Triton's warm-up) and launch nothing;
     other threads' launch as usual."""
     unique = list({id(k): k for k in kernels}.values())
-    originals = {id(k): k.run for k in unique}
 
     def divert(kernel: Any) -> Callable[..., Any]:
-        original = originals[id(kernel)]
+        original = kernel.run  # its own, not yet routed
 
         def run(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
             if not getattr(_AHEAD, "diverting", False):
@@ -90,13 +89,9 @@ def _diverted(kernels: Sequence[Any]) -> Iterator[None]:
 
         return run
 
-    with triton_plan.LOCK:
-        for kernel in unique:
-            kernel.run = divert(kernel)
+    with triton_plan.routed_runs(unique, divert):
         _AHEAD.diverting = True
         try:
             yield
         finally:
             _AHEAD.diverting = False
-            for kernel in unique:
-                del kernel.run  # the class's own run again

@@ -533,10 +533,9 @@ def _watching(kernels: list[Any], recorder: _Recorder, device: int | None) -> It
     attncc's launcher where ``_launched_directly`` can: Triton's launcher for a kernel is a
     C compiler run on an empty Triton cache (0.39 s on an H200 machine), and a first call
     that never needs one never builds one."""
-    originals = {id(k): k.run for k in kernels}
 
     def watch(kernel: Any) -> Callable[..., Any]:
-        original = originals[id(kernel)]
+        original = kernel.run  # its own, not yet routed
 
         def run(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
             if getattr(_RECORDING, "recorder", None) is not recorder or warmup:
@@ -553,14 +552,25 @@ def _watching(kernels: list[Any], recorder: _Recorder, device: int | None) -> It
 
         return run
 
-    with LOCK:
-        for kernel in kernels:
-            kernel.run = watch(kernel)
+    with routed_runs(kernels, watch):
         _RECORDING.recorder = recorder
         try:
             yield
         finally:
             _RECORDING.recorder = None
+
+
+@contextmanager
+def routed_runs(kernels: list[Any], route: Callable[[Any], Callable[..., Any]]) -> Iterator[None]:
+    """Each of ``kernels``' ``run`` replaced by ``route(kernel)`` (which reads the kernel's
+    own ``run`` first) while the block runs, under LOCK: one router at a time, each sending
+    other threads' launches to the kernel's own ``run``."""
+    with LOCK:
+        for kernel in kernels:
+            kernel.run = route(kernel)
+        try:
+            yield
+        finally:
             for kernel in kernels:
                 del kernel.run  # the class's own run again
 
