@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -52,24 +53,47 @@ class _HostWorkOnly(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def ahead(kernels: Sequence[Any], calls: Sequence[Callable[[], Any]]) -> None:
+def ahead(kernels: Sequence[Any], calls: Sequence[Callable[[], Any]]) -> int:
     """Compile what ``calls`` would launch of ``kernels`` (Triton JIT functions), side by
-    side; returns when every compile is done (each kernel then in its JIT cache)."""
+    side; returns when every compile is done (each kernel then in its JIT cache), with how
+    many it started (or found on disk): 0 where every kernel was compiled already."""
     from triton.runtime import _async_compile
 
     if not kernels or not calls or _async_compile.active_mode.get() is not None:
-        return  # a caller's own asynchronous compile mode is active: Triton allows one
+        return 0  # a caller's own asynchronous compile mode is active: Triton allows one
     workers = min(MAX_WORKERS, os.cpu_count() or 1)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="attncc-compile")
     # compile errors surface in the calls themselves, where they always did; leaving the
     # mode waits for every compile and puts each kernel in its JIT cache
-    with pool, _async_compile.AsyncCompileMode(pool, ignore_errors=True), _diverted(kernels):
+    mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
+    with pool, mode, _diverted(kernels):
         for call in calls:
             try:
                 with _HostWorkOnly():
                     call()
             except Exception:  # the call proper raises it again, or gets past it
                 continue
+    return len(getattr(mode, "future_kernels", ()))
+
+
+class FirstCalls:
+    """Which modules' recorded first calls still compile ahead: a module leaves once a pass
+    over one of its calls found every kernel compiled (later call geometries, such as a
+    decode cache one key longer each step, then need none, and a pass is the module's host
+    work again: 100-300 us a call)."""
+
+    def __init__(self) -> None:
+        self._done: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def ahead(self, module: Any, kernels: Sequence[Any], call: Callable[[], Any]) -> None:
+        if module in self._done:
+            return
+        if ahead(kernels, [call]) == 0:
+            self._done.add(module)
+
+
+# the recorded first calls of every generated module (attncc.runtime.triton_plan.record)
+FIRST_CALLS = FirstCalls()
 
 
 @contextmanager

@@ -623,7 +623,7 @@ def record(
     kernels = module_kernels(module)
     if compiled:
         # the kernels it launches compiled side by side first, not one after the other
-        compile_ahead.ahead(kernels, [launch])
+        compile_ahead.FIRST_CALLS.ahead(module, kernels, launch)
     recorder = _Recorder(tensors)
     device = torch.cuda.current_device() if compiled else None
     with _watching(kernels, recorder, device), recorder:

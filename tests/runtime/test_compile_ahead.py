@@ -5,6 +5,7 @@ driver); tests/gpu/test_gpu_first_call.py compiles real ones."""
 from __future__ import annotations
 
 import threading
+import types
 from typing import Any
 
 import torch
@@ -83,3 +84,33 @@ def test_nothing_happens_inside_a_callers_own_compile_mode() -> None:
     with _async_compile.AsyncCompileMode(None):  # type: ignore[arg-type]  # never submitted to
         compile_ahead.ahead([kernel], [lambda: kernel[(1,)](1)])
     assert runs == []
+
+
+class _Compiling(_Kernel):
+    """A stand-in whose first warm-up of each key submits a compile, as Triton's JIT does
+    under an asynchronous compile mode."""
+
+    def __init__(self, name: str, runs: list[tuple[str, bool, bool]]) -> None:
+        super().__init__(name, runs)
+        self.compiled: set[int] = set()
+
+    def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> str:
+        super().run(*args, grid=grid, warmup=warmup, **kwargs)
+        mode = _async_compile.active_mode.get()
+        key = args[0]
+        if mode is not None and key not in self.compiled:
+            mode.submit((self.name, key), lambda: self.name, lambda _: self.compiled.add(key))
+        return self.name
+
+
+def test_a_module_stops_compiling_ahead_once_a_pass_finds_nothing_to_compile() -> None:
+    runs: list[tuple[str, bool, bool]] = []
+    kernel = _Compiling("kernel", runs)
+    module = types.ModuleType("generated")
+    first_calls = compile_ahead.FirstCalls()
+    for length in (1, 2, 2, 3):  # a new geometry each call; lengths 1 and 2 compile
+        first_calls.ahead(module, [kernel], lambda length=length: kernel[(1,)](length))
+    # passes for 1 and 2 compiled (both stay), the second 2 found it compiled (the module
+    # leaves), so 3 had no pass: its own launch compiles it
+    assert [warmup for _, warmup, _ in runs] == [True, True, True]
+    assert kernel.compiled == {1, 2}
