@@ -84,7 +84,9 @@ def test_a_call_takes_the_bound_where_its_weights_stay_normal(
     assert module._fixed_reference({"cap": cap, "scale": 0.1}, {}, dtype) is taken
 
 
-def _inputs(rows: int, keys: int, far_below: bool) -> dict[str, torch.Tensor]:
+def _inputs(
+    rows: int, keys: int, far_below: bool, dtype: torch.dtype = torch.bfloat16
+) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(rows + keys)
     q = torch.randn(1, 2, rows, 32, generator=gen)
     k, v = (torch.randn(1, 2, keys, 32, generator=gen) for _ in range(2))
@@ -92,18 +94,22 @@ def _inputs(rows: int, keys: int, far_below: bool) -> dict[str, torch.Tensor]:
         # every score of head 1 near -cap: q and k point opposite ways, |q . k| >> cap
         k[:, 1] = k[:, 1].abs() * 4.0
         q[:, 1] = -q[:, 1].abs() * 4.0
-    return {"q": q.to(torch.bfloat16), "k": k.to(torch.bfloat16), "v": v.to(torch.bfloat16)}
+    return {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype)}
 
 
 @pytest.mark.parametrize("far_below", [False, True], ids=["random", "far-below-the-cap"])
-@pytest.mark.parametrize("cap", [30.0, 34.6])  # 34.6 log2(e) = 49.9: the largest bound taken
+@pytest.mark.parametrize(
+    ("cap", "dtype"),
+    [(30.0, torch.bfloat16), (34.6, torch.bfloat16), (34.6, torch.float32)],
+    ids=["bf16-cap30", "bf16-cap34.6", "fp32-cap34.6"],  # 34.6 log2(e) = 49.9: the largest
+)
 def test_the_bound_as_reference_matches_the_reference_and_the_online_max(
-    far_below: bool, cap: float
+    far_below: bool, cap: float, dtype: torch.dtype
 ) -> None:
     kernel = compiled("softcap", "fused")
-    inputs = _inputs(37, 53, far_below)
+    inputs = _inputs(37, 53, far_below, dtype)
     params = {"cap": cap}
-    verdict, lse_verdict, _, lse = evaluate(kernel, inputs, params, torch.bfloat16)
+    verdict, lse_verdict, _, lse = evaluate(kernel, inputs, params, dtype)
     assert verdict.ok, verdict
     assert lse_verdict.ok, lse_verdict
     if far_below:
