@@ -466,8 +466,9 @@ def _magnitude_bound(expr: ir.Expr) -> ir.Expr | None:
             bounds = (_magnitude_bound(a), _magnitude_bound(b))
             if bounds[0] is None or bounds[1] is None:
                 return None
-            combined = ir.BinOp("*" if op == "*" else "+", bounds[0], bounds[1], "float")
-            return bounds[0] if bounds[1] == one and op == "*" else combined
+            if op == "*" and one in bounds:  # a factor within [-1, 1] keeps the other's
+                return bounds[1] if bounds[0] == one else bounds[0]
+            return ir.BinOp("*" if op == "*" else "+", bounds[0], bounds[1], "float")
     if uniform(expr):
         return ir.Call("abs", (expr,), "float")
     return None

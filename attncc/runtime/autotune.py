@@ -314,8 +314,9 @@ def _compile_ahead(
     candidates: list[dict[str, int]],
 ) -> None:
     """Every candidate's kernels compiled side by side (GPU tensors), before the candidates
-    run one by one: compiling them one after another was most of a tuning's time (15.1 s
-    for eight candidates, gqa_causal 1,8:2,256,128 bf16, H100)."""
+    run one by one: compiled one after another they were most of a tuning's time (a cold
+    first call of gqa_causal 1,8:2,256,128 bf16 tuned inline in 11.7-12.6 s, side by side
+    4.4-4.7 s; H200 machine with 16 CPU cores, docs/performance.md)."""
     if not all(getattr(t, "is_cuda", False) for t in tensors.values()):
         return
     calls = [
