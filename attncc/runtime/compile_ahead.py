@@ -57,8 +57,10 @@ def ahead(kernels: Sequence[Any], calls: Sequence[Callable[[], Any]]) -> int:
     """Compile what ``calls`` would launch of ``kernels`` (Triton JIT functions), side by
     side; returns when every compile is done (each kernel then in its JIT cache), with how
     many it started (or found on disk): 0 where every kernel was compiled already."""
-    from triton.runtime import _async_compile
-
+    try:
+        from triton.runtime import _async_compile
+    except ImportError:  # a Triton without asynchronous compiles: each call compiles its own
+        return 0
     if not kernels or not calls or _async_compile.active_mode.get() is not None:
         return 0  # a caller's own asynchronous compile mode is active: Triton allows one
     workers = min(MAX_WORKERS, os.cpu_count() or 1)

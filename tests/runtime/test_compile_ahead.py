@@ -4,11 +4,14 @@ driver); tests/gpu/test_gpu_first_call.py compiles real ones."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import types
 from typing import Any
 
+import pytest
 import torch
+import triton.runtime
 from triton.runtime import _async_compile
 
 from attncc.runtime import compile_ahead
@@ -114,3 +117,15 @@ def test_a_module_stops_compiling_ahead_once_a_pass_finds_nothing_to_compile() -
     # leaves), so 3 had no pass: its own launch compiles it
     assert [warmup for _, warmup, _ in runs] == [True, True, True]
     assert kernel.compiled == {1, 2}
+
+
+def test_a_triton_without_asynchronous_compiles_compiles_nothing_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs: list[tuple[str, bool, bool]] = []
+    kernel = _Kernel("kernel", runs)
+    # the import fails: neither the package's attribute nor the module is there
+    monkeypatch.delattr(triton.runtime, "_async_compile")
+    monkeypatch.setitem(sys.modules, "triton.runtime._async_compile", None)
+    assert compile_ahead.ahead([kernel], [lambda: kernel[(1,)](1)]) == 0
+    assert runs == []
