@@ -273,14 +273,16 @@ class Tuner:
         split = "waves" in candidates[0]
         on_gpu = all(getattr(t, "is_cuda", False) for t in tensors.values())
         copies = cold_copies(tensors) if split and on_gpu else [tensors]
+        total = TUNING_ROUNDS * len(candidates)
         if on_gpu:
+            if progress is not None:  # the bar stands while every candidate compiles
+                progress(0, total, candidates[0])
             _compile_ahead(module, tensors, params, return_lse, candidates)
         # Every candidate is timed in TUNING_ROUNDS rounds and keeps its best time: in the
         # first round the GPU's clocks are still rising, which once made the first candidate
         # (the best tile, in a sweep) lose to slower ones by 10%.
         best_ms: dict[int, float] = {}
         failed: set[int] = set()
-        total = TUNING_ROUNDS * len(candidates)
         for round_ in range(TUNING_ROUNDS):
             for i, launch in enumerate(candidates):
                 if progress is not None:
