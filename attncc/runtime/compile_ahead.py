@@ -102,7 +102,6 @@ FIRST_CALLS = FirstCalls()
 def _diverted(kernels: Sequence[Any]) -> Iterator[None]:
     """``kernels``' launches from this thread compile (Triton's warm-up) and launch nothing;
     other threads' launch as usual."""
-    unique = list({id(k): k for k in kernels}.values())
 
     def divert(kernel: Any) -> Callable[..., Any]:
         original = kernel.run  # its own, not yet routed
@@ -115,7 +114,7 @@ def _diverted(kernels: Sequence[Any]) -> Iterator[None]:
 
         return run
 
-    with triton_plan.routed_runs(unique, divert):
+    with triton_plan.routed_runs(list(kernels), divert):
         _AHEAD.diverting = True
         try:
             yield

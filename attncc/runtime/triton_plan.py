@@ -564,7 +564,9 @@ def _watching(kernels: list[Any], recorder: _Recorder, device: int | None) -> It
 def routed_runs(kernels: list[Any], route: Callable[[Any], Callable[..., Any]]) -> Iterator[None]:
     """Each of ``kernels``' ``run`` replaced by ``route(kernel)`` (which reads the kernel's
     own ``run`` first) while the block runs, under LOCK: one router at a time, each sending
-    other threads' launches to the kernel's own ``run``."""
+    other threads' launches to the kernel's own ``run``. A kernel listed twice (an alias)
+    is routed once."""
+    kernels = list({id(k): k for k in kernels}.values())
     with LOCK:
         for kernel in kernels:
             kernel.run = route(kernel)
@@ -604,12 +606,11 @@ def _launched_directly(
 
 
 def module_kernels(module: Any) -> list[Any]:
-    """A generated module's Triton kernels, each once (an alias patched twice would be
-    unpatched once)."""
+    """A generated module's Triton kernels, each once."""
     from triton.runtime.jit import KernelInterface
 
     found = [v for v in vars(module).values() if isinstance(v, KernelInterface)]
-    return list({id(k): k for k in found}.values())
+    return list({id(k): k for k in found}.values())  # aliases once
 
 
 def record(
