@@ -558,6 +558,21 @@ class _Context:
             (i, arg.host) for i, arg in enumerate(plan.launch_args(self.k)) if arg.type == "pointer"
         ]
 
+    def pointer_sources(self) -> list[str]:
+        """Where each pointer of ``pointer_args`` comes from, as a Python literal: an input
+        by name, ``("output", 0)`` for the output or ``("output", 1)`` for the lse."""
+        outputs = {"output": 0, "lse": 1}
+        sources = []
+        for arg in plan.launch_args(self.k):
+            if arg.type != "pointer":
+                continue
+            if arg.source in outputs:
+                sources.append(repr(("output", outputs[arg.source])))
+            else:
+                assert arg.tensor is not None
+                sources.append(repr(("input", arg.tensor.name)))
+        return sources
+
     def kernel_params(self) -> tuple[list[str], list[str]]:
         """C++ parameter declarations and the host expressions passed for them."""
         decls: list[str] = []
@@ -726,6 +741,7 @@ class _Context:
             "launch_args": host_args,
             "pointer_slots": [i for i, _ in self.pointer_args()],
             "pointer_hosts": [host for _, host in self.pointer_args()],
+            "pointer_sources": self.pointer_sources(),
             "key_var": self.key_var,
             "key_size": cx.dim_var(k.key_axis.dim),
             "q_name": k.query.tensor,

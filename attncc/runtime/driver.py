@@ -366,6 +366,32 @@ class Launch:
             check(code)
 
     @property
+    def stream(self) -> int:
+        """The stream the positional form launches on."""
+        return self._stream
+
+    @property
+    def native(self) -> Any:
+        """The C launcher's object behind this launch (launcher.c's Launch), or None where
+        it launches through ``PythonLaunch``."""
+        built = native.built()
+        return self._issue if built is not None and isinstance(self._issue, built.Launch) else None
+
+    def native_rebound(self, source: Callable[[int], tuple[int, Any]]) -> Any:
+        """A C launcher Launch of this launch (its own copy of the parameters) whose slots
+        that take positional value ``n`` read ``source(n)``, a (kind, key) pair, instead:
+        a call's inputs by name or its allocations by position (launch_plan's replays).
+        None without the C launcher."""
+        if self.native is None:
+            return None
+        slots = [
+            (at, *source(key), shift, bias, length) if kind == FROM_ITEM else slot
+            for slot in self.slots
+            for at, kind, key, shift, bias, length in (slot,)
+        ]
+        return type(self.native)(entry_address(), *self._config, slots)
+
+    @property
     def issue(self) -> Callable[[int, Any, Sequence[Any], int], int]:
         """``run`` without its check: the driver's result code, for a caller that checks
         it (``check``) and saves a Python frame a launch."""

@@ -7,6 +7,7 @@ the CUDA source and compiles it with NVRTC (``attncc.runtime.nvrtc``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,12 @@ class Kernel:
     # once there is one, calls that stay on the CUDA kernels compute that key too (~2 us),
     # which their GPU time (a query tile on every multiprocessor) covers
     _falls_back: Plans = field(init=False, repr=False)
+    # plain eager calls on CUDA tensors: the C launcher's replays of the plans that served
+    # earlier calls, by Plans.key with the stream (head: return_lse, False), so a repeated
+    # call goes from its bound inputs to its launches in one C call (launcher.c's replay):
+    # the Python between them cost 4-8 us of CPU a call (H200, benchmarks/call_parts.py)
+    _replays: Plans = field(init=False, repr=False)
+    _poisoned: bool = field(init=False, default=False, repr=False)
     _pinned: bool = field(init=False, repr=False)
     # how a returned log-sum-exp is permuted into the scores' order (None: as written)
     _lse_permutation: tuple[int, ...] | None = field(init=False, repr=False)
@@ -75,6 +82,7 @@ class Kernel:
         self.tuner = Tuner(self.ir, self.path.stem)
         self._geometries = Plans()
         self._falls_back = Plans()
+        self._replays = Plans()
         # tiling options given to attncc.compile (block_n=32, ...) pin the IR's default
         # tiles: those calls keep the module's defaults, never the table or a tuned entry
         self._pinned = self.ir.tiling is not None and self.ir.tiling != Tile().run(self.ir).tiling
@@ -110,6 +118,8 @@ class Kernel:
     def poison_outputs(self, enabled: bool) -> None:
         """Fill outputs with NaN before each launch (checks), in every loaded variant."""
         self._geometries.clear()  # recorded plans fill (or not) as the module did then
+        self._replays.clear()  # nor do replays
+        self._poisoned = enabled
         for interpreted in (False, True) if self.target == "triton" else (False,):
             setattr(self.module(interpreted), "_POISON", enabled)  # noqa: B010 - generated module
 
@@ -132,7 +142,17 @@ class Kernel:
             # the torch op's dispatch costs ~50 us a call (measured on an H200,
             # benchmarks/host_overhead.py), more than a decode kernel's GPU time; in plain
             # eager mode nothing needs it, and _forward checks the inputs itself
-            out, lse = self._launch(tensors, params, return_lse)
+            launcher = native.built() if _RAW_STREAM is not None else None
+            replayed = None
+            if launcher is not None:
+                head = (return_lse, False)
+                table = self._replays.table
+                replayed = launcher.replay(table, head, tensors, params, torch.Tensor, _RAW_STREAM)
+            if replayed is None:
+                replayed = self._launch(tensors, params, return_lse)
+                if launcher is not None:
+                    self._remember_replay(tensors, params, return_lse)
+            out, lse = replayed
             return (out, self._returned_lse(lse)) if return_lse else out
         if eager == "grad" and isinstance(self._backward, autograd.Backward):
             # inputs requiring grad, eagerly: the op's autograd without the op (eager.py)
@@ -249,6 +269,46 @@ class Kernel:
                 return result  # type: ignore[return-value]  # (out, lse)
         with interpreter(on_cpu):
             return geometry.launch(module, tensors, return_lse)
+
+    def _remember_replay(
+        self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
+    ) -> None:
+        """After a plain eager call took the full path: the C replay of the plan that served
+        it, for later calls like it (``_replays``), where the plan has one."""
+        if self._poisoned:
+            return
+        if not tensors or next(reversed(tensors.values())).device.type != "cuda":
+            return  # (the replays' key reads the last tensor's device)
+        key = Plans.key(tensors, params, return_lse, False)
+        if key is None:
+            return
+        replay = self._served_replay(tensors, params, return_lse)
+        if replay is not None:
+            self._replays.remember(key, replay)
+
+    def _served_replay(
+        self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
+    ) -> Any:
+        """The C replay (or None) of the plan a call like this one took: the Triton
+        target's recorded plan (its TF32 setting guarded for fp32), the CUDA host module's
+        launch plan, or the Triton fallback's plan for the calls an auto kernel hands it."""
+        if self.target == "triton":
+            geometry = self._geometry(Plans.key(tensors, params, return_lse, False, stream=False))
+            if geometry is None or geometry.plan is None:
+                return None
+            guard = None
+            if geometry.precision is not None:  # fp32: the TF32 setting it was recorded under
+                precision = functools.partial(self._host._dot_precision, geometry.dtype)
+                guard = (precision, geometry.precision)
+            return geometry.plan.native_replay(guard)
+        falls_back = self.fallback is not None
+        if falls_back and self._fallback_kernel is not None:
+            stream_free = Plans.key(tensors, params, return_lse, False, stream=False)
+            if self._falls_back.get(stream_free):
+                return self._fallback_kernel._served_replay(tensors, params, return_lse)
+        plan = self._host._PLANS.get(Plans.key(tensors, params, return_lse, falls_back))
+        replay = getattr(plan, "native_replay", None)
+        return replay() if replay is not None else None
 
     def _geometry(self, key: tuple[Any, ...] | None) -> _Geometry | None:
         """What an earlier call of this geometry decided, unless PyTorch's TF32 setting
@@ -411,3 +471,5 @@ def _eager(tensors: Iterable[Any]) -> str | None:
 
 
 _is_compiling = torch.compiler.is_compiling
+# PyTorch's current raw stream by device index (a private API, as Triton uses; CUDA builds)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -59,6 +59,28 @@ def allocator(
     return functools.partial(like, template, memory_format=torch.contiguous_format)
 
 
+# an output of a plan's call: a prepared allocator (``allocator``), or a tensor every call
+# shares (the data-free log-sum-exp of calls that do not ask for it)
+Output = Callable[[], torch.Tensor] | torch.Tensor
+
+
+class Outputs:
+    """A fused plan's outputs, (out, lse), made on each call from ``parts`` (each an
+    ``Output``), filled with NaN while ``poisoned()`` (checks: a kernel that leaves an
+    element unwritten shows it)."""
+
+    def __init__(self, out: Output, lse: Output, poisoned: Callable[[], bool]) -> None:
+        self.parts = (out, lse)
+        self.poisoned = poisoned
+
+    def __call__(self) -> Result:
+        out, lse = (p if isinstance(p, torch.Tensor) else p() for p in self.parts)
+        if self.poisoned():
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+        return out, lse
+
+
 class Plans:
     """A host module's plans by key, at most ``limit`` (the oldest dropped first: a model
     with a new sequence length every call must not grow it without bound)."""
@@ -107,6 +129,11 @@ class Plans:
             key.append(current_stream(device.index))
         return tuple(key)
 
+    @property
+    def table(self) -> dict[tuple[Any, ...], Any]:
+        """The plans by key, as a dict (the C launcher's replay looks keys up in it)."""
+        return self._plans
+
     def get(self, key: tuple[Any, ...] | None) -> Any:
         return self._plans.get(key) if key is not None else None
 
@@ -128,13 +155,16 @@ class Plans:
 
 
 class FusedPlan:
-    """A fused call's launches for one key: the attention kernel's and, with a tile index,
-    its builder's, prepared (attncc.runtime.driver.Launch) with their pointer parameters
-    (and K's and V's tensor maps) left as slots. Calling it with a call's inputs allocates
-    the outputs (``allocate``), converts integer inputs to their declared width
-    (``conversions``), fills the slots and issues the launches; it returns None, having
-    launched nothing, where the calling thread's CUDA context is not the plan's or a map
-    cannot be encoded: the caller then takes the full path."""
+    """A call's launches for one key: the attention kernel's and, where there is one, a
+    launch before it (a tile index's builder; split-KV's chunks before their combination),
+    prepared (attncc.runtime.driver.Launch) with their pointer parameters (and K's and V's
+    tensor maps) left as slots. Calling it with a call's inputs allocates the outputs
+    (``allocate``) and the call's ``buffers`` (shape, dtype: a tile index, partial
+    results), converts integer inputs to their declared width (``conversions``), fills the
+    slots and issues the launches: each takes the call's ``pointers`` then its buffers' (the
+    attention kernel then its maps); it returns None, having launched nothing, where the
+    calling thread's CUDA context is not the plan's or a map cannot be encoded: the caller
+    then takes the full path."""
 
     def __init__(
         self,
@@ -142,25 +172,29 @@ class FusedPlan:
         pointers: Callable[[dict[str, Any], torch.Tensor, torch.Tensor], tuple[int, ...]],
         attend: driver.Launch,
         *,
-        builder: driver.Launch | None = None,
-        index_words: int = 0,
+        first: driver.Launch | None = None,
+        buffers: Sequence[tuple[Sequence[int], torch.dtype]] = (),
         maps: Sequence[MapSpec] = (),
         conversions: Sequence[tuple[str, torch.dtype]] = (),
         keep: Sequence[Any] = (),
+        sources: Sequence[tuple[str, Any]] = (),
     ) -> None:
         self.context = driver.current_context()
         self.allocate = allocate
         self.pointers = pointers
+        self.sources = tuple(sources)  # each pointer's ("input", name) or ("output", index)
         self.attend = attend
-        self.builder = builder
-        self.index_words = index_words
+        self.first = first
+        self.buffers = tuple((tuple(shape), dtype) for shape, dtype in buffers)
         self.maps = tuple(maps)
         self.conversions = tuple(conversions)
         self.keep = tuple(keep)  # the kernels (their loaded cubin) and buffers launches point at
         # where each map holds its address (tensor_map.AddressField), found on the first
         # call: None until then, () where a map has none (each call encodes its maps)
         self.fields: tuple[tensor_map.AddressField, ...] | None = None if maps else ()
-        self._new_index: Callable[[], torch.Tensor] | None = None  # on the first call's device
+        # the buffers' allocators, on the first call's device (None until then)
+        self._new_buffers: tuple[Callable[[], torch.Tensor], ...] | None = None
+        self._replay: Any = None  # native_replay's, once made (False: none)
         self._lock = threading.Lock()
 
     def __call__(self, tensors: dict[str, Any]) -> Result | None:
@@ -180,17 +214,72 @@ class FusedPlan:
                 return None
         out, lse = self.allocate()
         pointers = self.pointers(tensors, out, lse)
-        if self.builder is None:
+        if not self.buffers:
+            if self.first is not None:
+                self.first(*pointers)
             self.attend(*pointers, *maps)
             return out, lse
-        # `index` stays referenced until both launches are queued: freed before, its block
-        # could go to the next allocation, which the attention kernel would then read
-        if self._new_index is None:
-            self._new_index = allocator((self.index_words,), torch.int32, out.device)
-        index = self._new_index()
-        self.builder(*pointers, index.data_ptr())
-        self.attend(*pointers, index.data_ptr(), *maps)
+        if self._new_buffers is None:
+            self._new_buffers = tuple(allocator(s, dtype, out.device) for s, dtype in self.buffers)
+        # the buffers stay referenced until both launches are queued: freed before, their
+        # blocks could go to the next allocation, which the kernels would then read
+        buffers = [new() for new in self._new_buffers]
+        own = [b.data_ptr() for b in buffers]
+        if self.first is not None:
+            self.first(*pointers, *own)
+        self.attend(*pointers, *own, *maps)
         return out, lse
+
+    def native_replay(self) -> Any:
+        """This plan as the C launcher's Replay (launcher.c: the same allocations and
+        launches without a Python frame), or None where it has none: no C launcher, no
+        pointer ``sources``, integer inputs to convert, outputs not made by ``Outputs``,
+        maps encoded on each call, or (maps or buffers) no call yet. Made once."""
+        if self._replay is None:
+            self._replay = self._native_replay()
+        return self._replay or None
+
+    def _native_replay(self) -> Any:
+        """The Replay; False where this plan never has one, None where it may after a call
+        (the C launcher still building, or where K's maps move not found yet)."""
+        launcher = native.built()
+        if launcher is None:
+            return None
+        if not self.sources or self.conversions or not isinstance(self.allocate, Outputs):
+            return False
+        new_buffers = self._new_buffers if self.buffers else ()
+        if self.fields is None or new_buffers is None:
+            return None
+        if self.maps and not self.fields:
+            return False
+        n_pointers = len(self.sources)
+        after = n_pointers + len(new_buffers)  # the first map's value
+
+        def source(n: int) -> tuple[int, Any]:
+            if n < n_pointers:
+                kind, key = self.sources[n]
+                return (driver.FROM_INPUT, key) if kind == "input" else (driver.FROM_ITEM, key)
+            if n < after:  # the allocations: out, lse, then the buffers
+                return driver.FROM_ITEM, 2 + n - n_pointers
+            return driver.FROM_INPUT, self.maps[n - after][0]
+
+        launches = [self.attend.native_rebound(source)]
+        if self.first is not None:
+            launches.insert(0, self.first.native_rebound(source))
+        if any(launch is None for launch in launches):
+            return False
+        return launcher.Replay(
+            driver.context_entry(),
+            self.context,
+            self.attend.stream,
+            (*self.allocate.parts, *new_buffers),
+            None,
+            tuple(launches),
+            (0, 1),
+            (),
+            None,
+            driver.check,
+        )
 
     def _find_fields(self, tensors: dict[str, Any]) -> None:
         with self._lock:

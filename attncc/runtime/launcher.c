@@ -144,6 +144,34 @@ out_of_range:
   return -1;
 }
 
+/* Write the slots and launch on `stream`: 0 with the driver's result in *code, -1 with a
+   Python error set (a slot's value missing or of the wrong kind: nothing launched). */
+static int launch_issue(Launch *self, void *stream, PyObject *inputs, PyObject *items,
+                        PyObject *base, int *code) {
+  if (self->lock == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "attncc launch: not prepared");
+    return -1;
+  }
+  if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    Py_END_ALLOW_THREADS
+  }
+  for (Py_ssize_t i = 0; i < self->n_slots; ++i) {
+    if (write_slot(self, &self->slots[i], inputs, items, base) < 0) {
+      PyThread_release_lock(self->lock);
+      return -1;
+    }
+  }
+  Py_BEGIN_ALLOW_THREADS
+  *code = self->entry(self->function, self->grid[0], self->grid[1], self->grid[2],
+                      self->block[0], self->block[1], self->block[2], self->shared_bytes,
+                      stream, self->params, NULL);
+  Py_END_ALLOW_THREADS
+  PyThread_release_lock(self->lock);
+  return 0;
+}
+
 /* run(stream, inputs, items, base) -> the driver's result code */
 static PyObject *Launch_run(Launch *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 4) {
@@ -154,28 +182,10 @@ static PyObject *Launch_run(Launch *self, PyObject *const *args, Py_ssize_t narg
   if (stream == NULL && PyErr_Occurred()) {
     return NULL;
   }
-  if (self->lock == NULL) {
-    PyErr_SetString(PyExc_RuntimeError, "attncc launch: not prepared");
+  int code = 0;
+  if (launch_issue(self, stream, args[1], args[2], args[3], &code) < 0) {
     return NULL;
   }
-  if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-    Py_BEGIN_ALLOW_THREADS
-    PyThread_acquire_lock(self->lock, WAIT_LOCK);
-    Py_END_ALLOW_THREADS
-  }
-  for (Py_ssize_t i = 0; i < self->n_slots; ++i) {
-    if (write_slot(self, &self->slots[i], args[1], args[2], args[3]) < 0) {
-      PyThread_release_lock(self->lock);
-      return NULL;
-    }
-  }
-  int code;
-  Py_BEGIN_ALLOW_THREADS
-  code = self->entry(self->function, self->grid[0], self->grid[1], self->grid[2],
-                     self->block[0], self->block[1], self->block[2], self->shared_bytes,
-                     stream, self->params, NULL);
-  Py_END_ALLOW_THREADS
-  PyThread_release_lock(self->lock);
   return PyLong_FromLong(code);
 }
 
@@ -313,14 +323,10 @@ done:
 static PyObject *shape_name = NULL, *stride_name = NULL, *dtype_name = NULL,
                 *device_name = NULL;
 
-static PyObject *plan_key(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 4 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]) ||
-      !PyDict_Check(args[2])) {
-    PyErr_SetString(PyExc_TypeError,
-                    "plan_key(head: tuple, tensors: dict, params: dict, tensor_type)");
-    return NULL;
-  }
-  PyObject *head = args[0], *tensors = args[1], *params = args[2], *tensor_type = args[3];
+/* The key plan_key returns (a new reference), Py_None (new) where no plan may take the
+   call, NULL with an error set. */
+static PyObject *build_key(PyObject *head, PyObject *tensors, PyObject *params,
+                           PyObject *tensor_type) {
   Py_ssize_t n_head = PyTuple_GET_SIZE(head);
   Py_ssize_t size = n_head + 6 * PyDict_GET_SIZE(tensors) + 3 * PyDict_GET_SIZE(params);
   PyObject *key = PyTuple_New(size);
@@ -377,6 +383,24 @@ static PyObject *plan_key(PyObject *Py_UNUSED(module), PyObject *const *args, Py
   return key;
 }
 
+static int key_arguments(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,
+                         const char *usage) {
+  if (nargs != expected || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]) ||
+      !PyDict_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, usage);
+    return -1;
+  }
+  return 0;
+}
+
+static PyObject *plan_key(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+  if (key_arguments(args, nargs, 4,
+                    "plan_key(head: tuple, tensors: dict, params: dict, tensor_type)") < 0) {
+    return NULL;
+  }
+  return build_key(args[0], args[1], args[2], args[3]);
+}
+
 /* current_context(address) -> the calling thread's current CUDA context (0: none, or the
    driver's error), read by libcuda's cuCtxGetCurrent at `address`: a launch plan checks it
    on every call, which through ctypes took 0.7 us of CPU (H200 host). */
@@ -395,9 +419,330 @@ static PyObject *current_context(PyObject *Py_UNUSED(module), PyObject *address)
   return PyLong_FromUnsignedLongLong(code == 0 ? (unsigned long long)(uintptr_t)context : 0);
 }
 
+/* A launch plan replayed from C: Replay(context_entry, context, stream, allocations,
+   scratch, launches, outputs, hooks, guard, check), called with a call's tensors (a dict by
+   name), does what attncc.runtime.launch_plan's FusedPlan and triton_plan's TritonPlan do
+   for a repeated call, without a Python frame:
+     - refuses (returns None, launching nothing) where the calling thread's CUDA context,
+       read through cuCtxGetCurrent at `context_entry` (0: not checked), is not `context`;
+       where the attribute `name` of `owner`, for any (owner, name) pair of `hooks`, has a
+       true `calls` (Triton's launch hooks: a profiler); where
+       `guard`, a (callable, expected) pair or None, calls to anything but `expected`;
+     - allocates: each of `allocations` is called with no arguments (a prepared allocator),
+       or is kept as it is (a buffer every call shares); `scratch`, a callable or None, gives
+       the block whose data pointer is the launches' `base`;
+     - issues `launches` (Launch objects, their slots filled from the tensors, the
+       allocations as items and the base) on `stream`: an int, or a callable returning it;
+       a result code other than 0 goes to `check(code)`, which raises;
+     - returns the allocations at the indices of `outputs`, a tuple. */
+typedef struct {
+  PyObject_HEAD context_entry get_context;
+  uint64_t context;
+  PyObject *stream;
+  PyObject *allocations;
+  PyObject *scratch;
+  PyObject *launches;
+  Py_ssize_t *outputs;
+  Py_ssize_t n_outputs;
+  PyObject *hooks;
+  PyObject *guard;
+  PyObject *check;
+} Replay;
+
+static PyTypeObject LaunchType;
+static PyObject *calls_name = NULL;
+
+static void Replay_dealloc(Replay *self) {
+  Py_XDECREF(self->stream);
+  Py_XDECREF(self->allocations);
+  Py_XDECREF(self->scratch);
+  Py_XDECREF(self->launches);
+  Py_XDECREF(self->hooks);
+  Py_XDECREF(self->guard);
+  Py_XDECREF(self->check);
+  PyMem_Free(self->outputs);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Replay_init(Replay *self, PyObject *args, PyObject *kwargs) {
+  unsigned long long entry, context;
+  PyObject *stream, *allocations, *scratch, *launches, *outputs, *hooks, *guard, *check;
+  if (!PyArg_ParseTuple(args, "KKOO!OO!O!O!OO", &entry, &context, &stream, &PyTuple_Type,
+                        &allocations, &scratch, &PyTuple_Type, &launches, &PyTuple_Type,
+                        &outputs, &PyTuple_Type, &hooks, &guard, &check)) {
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(launches); ++i) {
+    if (!PyObject_TypeCheck(PyTuple_GET_ITEM(launches, i), &LaunchType)) {
+      PyErr_SetString(PyExc_TypeError, "attncc replay: launches must be Launch objects");
+      return -1;
+    }
+  }
+  if (guard != Py_None && !(PyTuple_Check(guard) && PyTuple_GET_SIZE(guard) == 2)) {
+    PyErr_SetString(PyExc_TypeError, "attncc replay: guard must be None or (callable, expected)");
+    return -1;
+  }
+  Py_ssize_t n_allocations = PyTuple_GET_SIZE(allocations);
+  Py_ssize_t n_outputs = PyTuple_GET_SIZE(outputs);
+  Py_ssize_t *indices = PyMem_Calloc((size_t)n_outputs + 1, sizeof(Py_ssize_t));
+  if (indices == NULL) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n_outputs; ++i) {
+    indices[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(outputs, i));
+    if (indices[i] < 0 || indices[i] >= n_allocations) {
+      if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_IndexError, "attncc replay: an output is not an allocation");
+      }
+      PyMem_Free(indices);
+      return -1;
+    }
+  }
+  PyMem_Free(self->outputs);
+  self->outputs = indices;
+  self->n_outputs = n_outputs;
+  self->get_context = (context_entry)(uintptr_t)entry;
+  self->context = (uint64_t)context;
+  PyObject *held[] = {stream, allocations, scratch, launches, hooks, guard, check};
+  PyObject **fields[] = {&self->stream, &self->allocations, &self->scratch, &self->launches,
+                         &self->hooks, &self->guard, &self->check};
+  for (int i = 0; i < 7; ++i) {
+    Py_INCREF(held[i]);
+    Py_XSETREF(*fields[i], held[i]);
+  }
+  return 0;
+}
+
+/* 1 where the replay may run here, 0 where it refuses, -1 on an error. */
+static int replay_allowed(Replay *self) {
+  if (self->get_context != NULL) {
+    void *context = NULL;
+    if (self->get_context(&context) != 0 || (uint64_t)(uintptr_t)context != self->context) {
+      return 0;
+    }
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->hooks); ++i) {
+    PyObject *pair = PyTuple_GET_ITEM(self->hooks, i);
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+      PyErr_SetString(PyExc_TypeError, "attncc replay: a hook is an (owner, name) pair");
+      return -1;
+    }
+    PyObject *hook = PyObject_GetAttr(PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
+    PyObject *calls = hook ? PyObject_GetAttr(hook, calls_name) : NULL;
+    Py_XDECREF(hook);
+    if (calls == NULL) {
+      return -1;
+    }
+    int set = PyObject_IsTrue(calls);
+    Py_DECREF(calls);
+    if (set != 0) {
+      return set < 0 ? -1 : 0;
+    }
+  }
+  if (self->guard != Py_None) {
+    PyObject *now = PyObject_CallNoArgs(PyTuple_GET_ITEM(self->guard, 0));
+    if (now == NULL) {
+      return -1;
+    }
+    int same = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(self->guard, 1), Py_EQ);
+    Py_DECREF(now);
+    return same;
+  }
+  return 1;
+}
+
+static PyObject *replay_run(Replay *self, PyObject *tensors) {
+  int allowed = replay_allowed(self);
+  if (allowed <= 0) {
+    if (allowed < 0) {
+      return NULL;
+    }
+    Py_RETURN_NONE;
+  }
+  void *stream;
+  if (PyLong_Check(self->stream)) {
+    stream = PyLong_AsVoidPtr(self->stream);
+  } else {
+    PyObject *value = PyObject_CallNoArgs(self->stream);
+    if (value == NULL) {
+      return NULL;
+    }
+    stream = PyLong_AsVoidPtr(value);
+    Py_DECREF(value);
+  }
+  if (stream == NULL && PyErr_Occurred()) {
+    return NULL;
+  }
+  PyObject *result = NULL, *block = NULL, *base = NULL;
+  Py_ssize_t n = PyTuple_GET_SIZE(self->allocations);
+  PyObject *items = PyTuple_New(n);
+  if (items == NULL) {
+    return NULL;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *allocation = PyTuple_GET_ITEM(self->allocations, i);
+    PyObject *made;
+    if (PyCallable_Check(allocation)) {
+      made = PyObject_CallNoArgs(allocation);
+      if (made == NULL) {
+        goto done;
+      }
+    } else {
+      Py_INCREF(allocation);
+      made = allocation;
+    }
+    PyTuple_SET_ITEM(items, i, made);
+  }
+  if (self->scratch != Py_None) {
+    /* held until the launches are queued: freed before, its memory could go to the next
+       allocation while the kernels still write it */
+    block = PyObject_CallNoArgs(self->scratch);
+    if (block == NULL) {
+      goto done;
+    }
+    base = PyObject_CallMethodNoArgs(block, data_ptr_name);
+  } else {
+    base = PyLong_FromLong(0);
+  }
+  if (base == NULL) {
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->launches); ++i) {
+    int code = 0;
+    Launch *launch = (Launch *)PyTuple_GET_ITEM(self->launches, i);
+    if (launch_issue(launch, stream, tensors, items, base, &code) < 0) {
+      goto done;
+    }
+    if (code != 0) {
+      PyObject *raised = PyObject_CallFunction(self->check, "i", code);
+      if (raised == NULL) {
+        goto done;
+      }
+      Py_DECREF(raised);
+    }
+  }
+  result = PyTuple_New(self->n_outputs);
+  if (result == NULL) {
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < self->n_outputs; ++i) {
+    PyObject *output = PyTuple_GET_ITEM(items, self->outputs[i]);
+    Py_INCREF(output);
+    PyTuple_SET_ITEM(result, i, output);
+  }
+done:
+  Py_XDECREF(base);
+  Py_XDECREF(block);
+  Py_DECREF(items);
+  return result;
+}
+
+static PyObject *Replay_call(Replay *self, PyObject *args, PyObject *kwargs) {
+  PyObject *tensors;
+  if (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0) {
+    PyErr_SetString(PyExc_TypeError, "attncc replay: called with the tensors alone");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &tensors)) {
+    return NULL;
+  }
+  return replay_run(self, tensors);
+}
+
+static PyTypeObject ReplayType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "attncc_launcher.Replay",
+    .tp_basicsize = sizeof(Replay),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A launch plan replayed from C (see the module's source).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Replay_init,
+    .tp_dealloc = (destructor)Replay_dealloc,
+    .tp_call = (ternaryfunc)Replay_call,
+};
+
+/* replay(table, head, tensors, params, tensor_type, stream_of) -> outputs or None: plan_key's
+   key for (head, tensors, params), with the current stream appended (stream_of(device
+   index), the last tensor's device), looked up in the dict `table`, whose values are
+   Replays; the one found run on the tensors. None where the call has no key, its tensors
+   are not on a CUDA device, the table has no replay of its key, or that replay refused. A
+   repeated call's whole host path, once its inputs are bound. */
+static PyObject *type_name = NULL, *index_name = NULL;
+
+static PyObject *replay(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 6 || !PyDict_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "replay(table: dict, head: tuple, tensors: dict, params: dict, "
+                    "tensor_type, stream_of)");
+    return NULL;
+  }
+  PyObject *table = args[0];
+  if (key_arguments(args + 1, nargs - 1, 5, "replay: head a tuple, tensors and params dicts") < 0) {
+    return NULL;
+  }
+  if (PyDict_GET_SIZE(table) == 0 || PyDict_GET_SIZE(args[2]) == 0) {
+    Py_RETURN_NONE;
+  }
+  PyObject *key = build_key(args[1], args[2], args[3], args[4]);
+  if (key == NULL || key == Py_None) {
+    return key;
+  }
+  PyObject *result = NULL, *type = NULL, *index = NULL, *stream = NULL, *full = NULL;
+  Py_ssize_t size = PyTuple_GET_SIZE(key);
+  /* the last tensor's device: 6 items a tensor, the device the fifth */
+  PyObject *device = PyTuple_GET_ITEM(
+      key, PyTuple_GET_SIZE(args[1]) + 6 * PyDict_GET_SIZE(args[2]) - 2);
+  type = PyObject_GetAttr(device, type_name);
+  if (type == NULL) {
+    goto done;
+  }
+  if (!PyUnicode_Check(type) || PyUnicode_CompareWithASCIIString(type, "cuda") != 0) {
+    Py_INCREF(Py_None);
+    result = Py_None;
+    goto done;
+  }
+  index = PyObject_GetAttr(device, index_name);
+  stream = index ? PyObject_CallOneArg(args[5], index) : NULL;
+  full = stream ? PyTuple_New(size + 1) : NULL;
+  if (full == NULL) {
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < size; ++i) {
+    PyObject *item = PyTuple_GET_ITEM(key, i);
+    Py_INCREF(item);
+    PyTuple_SET_ITEM(full, i, item);
+  }
+  Py_INCREF(stream);
+  PyTuple_SET_ITEM(full, size, stream);
+  PyObject *found = PyDict_GetItemWithError(table, full); /* borrowed */
+  if (found == NULL) {
+    if (!PyErr_Occurred()) {
+      Py_INCREF(Py_None);
+      result = Py_None;
+    }
+    goto done;
+  }
+  if (!PyObject_TypeCheck(found, &ReplayType)) {
+    PyErr_SetString(PyExc_TypeError, "replay: the table's values must be Replays");
+    goto done;
+  }
+  Py_INCREF(found); /* the table may drop it while it runs (another thread) */
+  result = replay_run((Replay *)found, args[2]);
+  Py_DECREF(found);
+done:
+  Py_XDECREF(full);
+  Py_XDECREF(stream);
+  Py_XDECREF(index);
+  Py_XDECREF(type);
+  Py_DECREF(key);
+  return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"plan_key", (PyCFunction)(void (*)(void))plan_key, METH_FASTCALL,
      "plan_key(head, tensors, params, tensor_type): a launch plan's key, or None"},
+    {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
+     "replay(table, head, tensors, params, tensor_type, stream_of): a call replayed, or None"},
     {"current_context", (PyCFunction)current_context, METH_O,
      "current_context(address): the current CUDA context through cuCtxGetCurrent at address"},
     {NULL, NULL, 0, NULL},
@@ -431,8 +776,12 @@ PyMODINIT_FUNC PyInit_attncc_launcher(void) {
   stride_name = PyUnicode_InternFromString("stride");
   dtype_name = PyUnicode_InternFromString("dtype");
   device_name = PyUnicode_InternFromString("device");
+  calls_name = PyUnicode_InternFromString("calls");
+  type_name = PyUnicode_InternFromString("type");
+  index_name = PyUnicode_InternFromString("index");
   if (data_ptr_name == NULL || shape_name == NULL || stride_name == NULL ||
-      dtype_name == NULL || device_name == NULL || PyType_Ready(&LaunchType) < 0) {
+      dtype_name == NULL || device_name == NULL || calls_name == NULL || type_name == NULL ||
+      index_name == NULL || PyType_Ready(&LaunchType) < 0 || PyType_Ready(&ReplayType) < 0) {
     return NULL;
   }
   PyObject *m = PyModule_Create(&module);
@@ -442,6 +791,12 @@ PyMODINIT_FUNC PyInit_attncc_launcher(void) {
   Py_INCREF(&LaunchType);
   if (PyModule_AddObject(m, "Launch", (PyObject *)&LaunchType) < 0) {
     Py_DECREF(&LaunchType);
+    Py_DECREF(m);
+    return NULL;
+  }
+  Py_INCREF(&ReplayType);
+  if (PyModule_AddObject(m, "Replay", (PyObject *)&ReplayType) < 0) {
+    Py_DECREF(&ReplayType);
     Py_DECREF(m);
     return NULL;
   }

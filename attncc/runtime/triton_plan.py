@@ -22,6 +22,7 @@ profiler: it gets Triton's own launches).
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from attncc.runtime import driver, launch_plan, tensor_descriptors, triton_launch
+from attncc.runtime import driver, launch_plan, native, tensor_descriptors, triton_launch
 
 Result = tuple[torch.Tensor, ...]  # the module's outputs: (out, lse); a backward's gradients
 
@@ -255,6 +256,10 @@ class TritonPlan:
             if device is not None and not refusals
             else None
         )
+        self._direct = tuple(launch for launch in direct if isinstance(launch, driver.Launch))
+        # the CUDA context the kernels were loaded in (the device's, current while recording)
+        self.context = driver.current_context() if device is not None else 0
+        self._replay: Any = None  # native_replay's, once made (False: none)
         # Triton's launchers, built only where a step needs one (a C compiler run each on an
         # empty Triton cache)
         self.launches = tuple(triton() for triton, _, _ in prepared) if self.issues is None else ()
@@ -311,6 +316,49 @@ class TritonPlan:
             keywords = dict(zip(step.names, values[positional:], strict=True))
             step.kernel.run(*values[:positional], grid=step.grid, warmup=False, **keywords)
         return tuple(allocs[i] for i in self.outputs)
+
+    def native_replay(self, guard: tuple[Callable[[], Any], Any] | None = None) -> Any:
+        """This plan as the C launcher's Replay (launcher.c: the same allocations and
+        launches without a Python frame), refusing where ``guard`` (callable, expected)
+        calls to another value; None where it has none: no C launcher, a step on Triton's
+        launcher, fills, or an allocation other than a prepared one or a kept buffer. Made
+        once (with the first guard asked for)."""
+        if self._replay is None:
+            self._replay = self._native_replay(guard)
+        return self._replay or None
+
+    def _native_replay(self, guard: tuple[Callable[[], Any], Any] | None) -> Any:
+        """The Replay; False where this plan never has one, None while the C launcher
+        builds."""
+        launcher = native.built()
+        if launcher is None:
+            return None
+        if self.device is None or self.issues is None or self.fills:
+            return False
+        allocations: list[Any] = []
+        for a in self.allocations:
+            if a is None or a.kept is not None:
+                allocations.append(a.kept if a is not None else None)
+            elif a.like is None and not a.args and not a.kwargs:
+                allocations.append(a.factory)
+            else:
+                return False
+        launches = [launch.native for launch in self._direct]
+        if any(launch is None for launch in launches):
+            return False
+        runtime = _TRITON_RUNTIME_KNOBS or _triton_runtime_knobs()
+        return launcher.Replay(
+            driver.context_entry(),
+            self.context,
+            functools.partial(torch._C._cuda_getCurrentRawStream, self.device),
+            tuple(allocations),
+            self._new_scratch,
+            tuple(launches),
+            self.outputs,
+            ((runtime, "launch_enter_hook"), (runtime, "launch_exit_hook")),
+            guard,
+            driver.check,
+        )
 
     def _launch(self, stream: int, tensors: dict[str, Any], allocs: list[Any], base: int) -> None:
         for launch, template, inputs, allocated, offsets, descriptors, patches in self.launches:

@@ -9,6 +9,7 @@ small; `attncc check --device cuda` in the same suite adds more cases per exampl
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -213,3 +214,62 @@ def test_softcap_rows_far_below_the_cap_on_gpu(head_dim: int) -> None:
     assert verdict.ok, verdict
     assert lse_verdict.ok, lse_verdict
     assert (lse[:, 1] < -20.0).all()
+
+
+def test_repeated_eager_calls_replay_from_c() -> None:
+    """A plain eager call like an earlier one goes from its bound inputs to its launches in
+    one C call (Kernel._replays: the C launcher's replay of the plan that served the first),
+    with its own data: fresh tensors share one replay, another stride gets its own; a Triton
+    launch hook sends calls to Triton's own launcher (the hook sees them); an fp32 replay
+    follows PyTorch's TF32 setting (its error against float64 moves with it). Every output
+    against the reference."""
+    from attncc.runtime import native
+
+    assert native.launcher() is not None, native.unavailable()
+    kernel = attncc.compile(EXAMPLE_DIR / "causal.attn", target="triton")
+    expected_fn = reference(kernel.spec)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+
+    def inputs(dtype: torch.dtype = torch.float16) -> tuple[torch.Tensor, ...]:
+        return tuple(
+            torch.randn(2, 8, 64, 64, device="cuda", dtype=torch.float32, generator=gen).to(dtype)
+            for _ in range(3)
+        )
+
+    def error(out: torch.Tensor, args: tuple[torch.Tensor, ...]) -> float:
+        expected = torch.from_numpy(expected_fn(*(a.cpu() for a in args)))
+        return float((out.double().cpu() - expected).abs().max())
+
+    for _ in range(3):
+        args = inputs()
+        assert error(kernel(*args), args) < 2e-3
+    assert len(kernel._replays) == 1
+    q, k, v = inputs()
+    strided = (q, k.transpose(1, 2).contiguous().transpose(1, 2), v)
+    for _ in range(2):
+        assert error(kernel(*strided), strided) < 2e-3
+    assert len(kernel._replays) == 2
+
+    from triton import knobs
+
+    seen: list[Any] = []
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        args = inputs()
+        assert error(kernel(*args), args) < 2e-3
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    torch.cuda.synchronize()
+    assert len(seen) == 1  # Triton's launcher ran the call
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        errors = []
+        for allowed in (False, False, True, True, False):
+            torch.backends.cuda.matmul.allow_tf32 = allowed
+            args = inputs(torch.float32)
+            errors.append(error(kernel(*args), args))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    exact = [errors[i] for i in (0, 1, 4)]
+    assert max(exact) < 1e-5 and min(errors[2:4]) > 10 * max(exact), errors

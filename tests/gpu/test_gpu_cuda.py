@@ -201,7 +201,8 @@ def test_cuda_launch_plans_serve_repeated_calls() -> None:
     """A call like an earlier one reuses its launch plan with its own data: fresh tensors
     share one plan; int64 document ids (converted per call), a K of other strides and
     another stream each take a plan of their own; a CUDA graph captured on the plan path
-    replays the eager result. Every output against the reference."""
+    (the C launcher's replay of it) replays the eager result. Every output against the
+    reference."""
     kernel = attncc.compile(EXAMPLE_DIR / "document_mask.attn", target="cuda")
     module = kernel.module(False)
     module._PLANS.clear()
@@ -224,6 +225,8 @@ def test_cuda_launch_plans_serve_repeated_calls() -> None:
         args = inputs()
         assert_close(kernel(*args), args)
     assert len(module._PLANS) == 1
+    # the later calls went from their bound inputs to the launches in one C call
+    assert len(kernel._replays) == 1
     # K's and V's maps move to each call's tensors by their address word, found from the
     # driver's own encodings (tensor_map.address_field), not encoded again
     (plan,) = module._PLANS._plans.values()
@@ -233,7 +236,11 @@ def test_cuda_launch_plans_serve_repeated_calls() -> None:
     q, k, v, doc = inputs()
     args = (q, k.transpose(1, 2).contiguous().transpose(1, 2), v, doc)
     assert_close(kernel(*args), args)
+    assert_close(kernel(*args), args)
     assert len(module._PLANS) == 3
+    # converted document ids keep the plan's Python (a conversion a call); the other K
+    # strides are a replay of their own
+    assert len(kernel._replays) == 2
     stream = torch.cuda.Stream()
     args = inputs()
     with torch.cuda.stream(stream):
@@ -241,7 +248,7 @@ def test_cuda_launch_plans_serve_repeated_calls() -> None:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             captured = kernel(*args)
-    assert len(module._PLANS) == 4
+    assert len(module._PLANS) == 4 and len(kernel._replays) == 3
     graph.replay()
     torch.cuda.synchronize()
     assert_close(captured, args)

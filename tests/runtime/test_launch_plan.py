@@ -226,8 +226,8 @@ def test_a_plan_fills_each_calls_pointers_index_and_maps(monkeypatch: pytest.Mon
     layout = (torch.bfloat16, 64, 64, 64, 65, 128)
     plan, _ = _plan(
         monkeypatch,
-        builder=_Recorded(),
-        index_words=40,
+        first=_Recorded(),
+        buffers=[((40,), torch.int32)],
         maps=[("k", layout)],
         conversions=[("doc", torch.int32)],
     )
@@ -235,7 +235,7 @@ def test_a_plan_fills_each_calls_pointers_index_and_maps(monkeypatch: pytest.Mon
     done = plan(inputs)
     assert done is not None
     out, _ = done
-    (built,) = plan.builder.calls  # type: ignore[union-attr]
+    (built,) = plan.first.calls  # type: ignore[union-attr]
     (attended,) = plan.attend.calls  # type: ignore[attr-defined]
     k_ptr = inputs["k"].data_ptr()
     assert built[0] == k_ptr and built[2] == out.data_ptr()
@@ -391,3 +391,73 @@ def test_an_allocator_makes_what_torch_empty_and_zeros_make(
         assert new().data_ptr() != made.data_ptr() or made.numel() == 0  # a new tensor a call
         if zeros:
             assert made.numel() == 0 or not made.any()
+
+
+_CONTEXT_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+
+
+def test_a_plans_c_replay_launches_what_the_plan_launches(
+    fake_driver: _FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FusedPlan.native_replay (the C launcher's Replay of the plan, once a call found where
+    its maps move): a call's first and attention launches get this call's pointers, a fresh
+    output and buffers (the same in both: a tile index, split-KV's partial results) and K's
+    map moved to this call's K, as the plan's own call passes them; in another context it
+    launches nothing. Without the C launcher there is no replay."""
+    fake_driver.sizes = [8, 8, 8, 8, 8, 128]
+    contexts = [11]
+
+    def current(out: Any) -> int:
+        out[0] = contexts[0]
+        return 0
+
+    entry = _CONTEXT_ENTRY(current)
+    address = int(ctypes.cast(entry, ctypes.c_void_p).value or 0)
+    monkeypatch.setattr(driver, "context_entry", lambda: address)
+    if native.built() is None:
+        monkeypatch.setattr(driver, "current_context", lambda: contexts[0])
+    monkeypatch.setattr(tensor_map, "encode", _shifted_map)
+    monkeypatch.setattr(tensor_map, "encode_map", _shifted_map)
+    first = _inputs()
+    args = [np.uint64(0)] * 5 + [_shifted_map(first["k"].data_ptr())]
+    attend = driver.Launch(0x1234, (2, 1, 1), (128, 1, 1), 0, 7, args, slots=(0, 1, 2, 3, 4, 5))
+    before = driver.Launch(0x1235, (1, 1, 1), (64, 1, 1), 0, 7, args, slots=(0, 1, 2, 3, 4))
+    outputs = launch_plan.Outputs(
+        launch_plan.allocator((2, 4, 64, 64), torch.float32, "cpu"), torch.empty(0), lambda: False
+    )
+
+    def pointers(tensors: dict[str, Any], out: torch.Tensor, lse: torch.Tensor) -> tuple[int, ...]:
+        return (tensors["k"].data_ptr(), tensors["doc"].data_ptr(), out.data_ptr())
+
+    plan = launch_plan.FusedPlan(
+        outputs, pointers, attend, first=before,
+        buffers=[((40,), torch.int32), ((3, 64), torch.float32)],
+        maps=[("k", (torch.bfloat16, 64, 64, 64, 65, 128))],
+        sources=(("input", "k"), ("input", "doc"), ("output", 0)),
+    )  # fmt: skip
+    assert plan.native_replay() is None  # no call yet: where the maps move is not known
+    done = plan(first)
+    assert done is not None
+    replay = plan.native_replay()
+    if native.built() is None or driver._native() is None:
+        assert replay is None
+        return
+    later = _inputs()
+    replayed = replay(later)
+    assert replayed is not None
+    out, lse = replayed
+    assert out.shape == (2, 4, 64, 64) and lse is outputs.parts[1] and out is not done[0]
+    (b1, a1, b2, a2) = fake_driver.launches
+
+    def word(value: int) -> bytes:
+        return np.uint64(value).tobytes()
+
+    for (began, attended), call, result in ((b1, a1), first, done[0]), ((b2, a2), later, out):
+        pointers_passed = [word(call["k"].data_ptr()), word(call["doc"].data_ptr())]
+        assert began[:2] == attended[:2] == pointers_passed
+        assert began[2] == attended[2] == word(result.data_ptr())
+        # the call's two buffers, apart and the same in both launches
+        assert began[3:5] == attended[3:5] and word(0) not in began[3:5] and b1[3] != b1[4]
+        assert attended[5] == _shifted_map(call["k"].data_ptr())
+    contexts[0] = 12
+    assert replay(later) is None and len(fake_driver.launches) == 4

@@ -268,3 +268,138 @@ def test_the_current_context_is_read_through_the_given_entry(
     assert native.launcher() is not None, native.unavailable()
     monkeypatch.setattr(driver, "context_entry", lambda: address)
     assert driver.current_context() == read
+
+
+class _Context:
+    """cuCtxGetCurrent's stand-in, its context settable; ``address`` for the C launcher."""
+
+    def __init__(self, context: int) -> None:
+        self.context = context
+        self.entry = _CONTEXT_ENTRY(self._read)
+        self.address = int(ctypes.cast(self.entry, ctypes.c_void_p).value or 0)
+
+    def _read(self, out: Any) -> int:
+        out[0] = self.context
+        return 0
+
+
+class _Hook:
+    """A Triton launch hook's chain: set where ``calls`` is not empty."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+
+def _replay_parts(recorder: _Recorder) -> tuple[Any, Any, Any]:
+    """Two launches: the first reads input q and allocation 0, the second allocation 1 and
+    the base plus 64; allocation 0 made on each call, allocation 1 kept."""
+    module = native.launcher()
+    assert module is not None, native.unavailable()
+    params, offsets = _params()
+    first = module.Launch(
+        recorder.address, 0x10, (1, 1, 1), (32, 1, 1), 0, params, offsets,
+        [(0, FROM_INPUT, "q", 0, 0, 8), (8, FROM_ITEM, 0, 0, 0, 8)],
+    )  # fmt: skip
+    second = module.Launch(
+        recorder.address, 0x20, (2, 1, 1), (64, 1, 1), 0, params, offsets,
+        [(0, FROM_ITEM, 1, 0, 0, 8), (8, FROM_BASE, None, 0, 64, 8)],
+    )  # fmt: skip
+    return module, first, second
+
+
+def test_a_replay_allocates_launches_in_order_and_returns_its_outputs() -> None:
+    """A Replay called with a call's tensors: a fresh allocation from each allocator, the
+    kept buffer as it is, the scratch block's pointer as the base; each launch on the
+    stream the callable gives, in order; the outputs by allocation index."""
+    recorder = _Recorder([8, 8])
+    module, first, second = _replay_parts(recorder)
+    context, kept, blocks = _Context(0xC0), torch.empty(3), []
+
+    def scratch() -> torch.Tensor:
+        blocks.append(torch.empty(16))
+        return blocks[-1]
+
+    replay = module.Replay(
+        context.address, 0xC0, lambda: 55, (lambda: torch.zeros(2), kept), scratch,
+        (first, second), (1, 0), (), None, driver.check,
+    )  # fmt: skip
+    q = torch.empty(4)
+    kept_again, made = replay({"q": q})
+    _, made_again = replay({"q": q})
+    assert kept_again is kept and made.shape == (2,) and made_again is not made
+    (f1, d1, s1, v1), (f2, _, s2, v2) = recorder.launches[:2]
+    assert (f1, d1[:3], s1, f2, s2) == (0x10, (1, 1, 1), 55, 0x20, 55)
+    assert v1 == [_word(q.data_ptr()), _word(made.data_ptr())]
+    assert v2 == [_word(kept.data_ptr()), _word(blocks[0].data_ptr() + 64)]
+    assert len(recorder.launches) == 4 and len(blocks) == 2
+
+
+def test_a_replay_refuses_in_another_context_under_a_hook_or_a_changed_guard() -> None:
+    """None, nothing launched: the calling thread's context not the replay's, a launch hook
+    set (a profiler wants Triton's own launches), the guard's value changed (PyTorch's TF32
+    setting for an fp32 plan)."""
+    recorder = _Recorder([8, 8])
+    module, first, _ = _replay_parts(recorder)
+    context, hook, setting = _Context(0xC0), _Hook(), ["tf32x3"]
+    owner = type("Knobs", (), {"launch_enter_hook": hook})()
+    replay = module.Replay(
+        context.address, 0xC0, 7, (lambda: torch.zeros(2),), None, (first,), (0,),
+        ((owner, "launch_enter_hook"),), (lambda: setting[0], "tf32x3"), driver.check,
+    )  # fmt: skip
+    q = torch.empty(4)
+    assert replay({"q": q}) is not None and len(recorder.launches) == 1
+    context.context = 0xC1
+    assert replay({"q": q}) is None
+    context.context = 0xC0
+    hook.calls.append(print)
+    assert replay({"q": q}) is None
+    hook.calls.clear()
+    setting[0] = "tf32"
+    assert replay({"q": q}) is None
+    setting[0] = "tf32x3"
+    assert replay({"q": q}) is not None and len(recorder.launches) == 2
+
+
+def test_a_replays_failed_launch_raises_through_its_check() -> None:
+    recorder = _Recorder([8, 8])
+    recorder.code = 700
+    module, first, second = _replay_parts(recorder)
+    seen: list[int] = []
+
+    def check(code: int) -> None:
+        seen.append(code)
+        raise RuntimeError(f"launch failed: {code}")
+
+    replay = module.Replay(
+        0, 0, 7, (lambda: torch.zeros(2), torch.empty(3)), None, (first, second), (0,), (),
+        None, check,
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="launch failed: 700"):
+        replay({"q": torch.empty(4)})
+    assert seen == [700] and len(recorder.launches) == 1  # the second never issued
+
+
+def test_replay_looks_a_call_up_by_its_plan_key_with_the_stream() -> None:
+    """launcher.replay: plan_key's key of the call plus the stream of the last tensor's
+    device, looked up in the table; None without an entry, for a call no plan may take, or
+    for tensors off CUDA (CPU tensors here: their calls never reach the stream)."""
+    recorder = _Recorder([8, 8])
+    module, first, _ = _replay_parts(recorder)
+    replay = module.Replay(
+        0, 0, 7, (lambda: torch.zeros(2),), None, (first,), (0,), (), None, driver.check
+    )
+    q = torch.empty(4)
+    streams: list[Any] = []
+
+    def stream_of(index: Any) -> int:
+        streams.append(index)
+        return 3
+
+    key = module.plan_key((False, False), {"q": q}, {"scale": 0.5}, torch.Tensor)
+    table = {(*key, 3): replay}
+    args = ((False, False), {"q": q}, {"scale": 0.5}, torch.Tensor, stream_of)
+    assert module.replay(table, *args) is None  # a CPU tensor
+    assert module.replay({}, *args) is None
+    unkeyed = ((False, False), {"q": q}, {"scale": torch.tensor(0.5)}, torch.Tensor, stream_of)
+    assert module.replay(table, *unkeyed) is None
+    assert streams == [] and recorder.launches == []
