@@ -22,7 +22,7 @@ from calls import DTYPES, issue_us, parse_cases  # benchmarks/: the script's own
 
 import attncc
 from attncc.bench import Shape, anchor_runners, bench_inputs, sizes_for, visible_fraction
-from attncc.runtime import driver, nvrtc
+from attncc.runtime import driver, native, nvrtc
 from attncc.runtime import kernel as kernel_module
 from attncc.runtime.launch_plan import Plans
 
@@ -45,10 +45,20 @@ def parts(spec: str, shape_text: str, dtype_name: str, target: str) -> dict[str,
     host = kernel._host
     tensors, params = host._bind(tuple(args), {})
     out, lse = kernel._launch(tensors, params, False)
+    launcher = native.launcher()
+    assert launcher is not None, native.unavailable()
+    table, stream_of = kernel._replays.table, kernel_module._RAW_STREAM
+    replayed = launcher.replay(table, (False, False), tensors, params, torch.Tensor, stream_of)
+    assert replayed is not None, "the first call left no C replay"
     row: dict[str, Callable[[], Any]] = {
         "call": lambda: kernel(*args),
         "bind": lambda: host._bind(tuple(args), {}),
         "eager": lambda: kernel_module._eager(tensors.values()),
+        # the C launcher's replay of the call's plan: key, stream, lookup, allocations and
+        # launches in one C call (Kernel._replays)
+        "C replay (no bind)": lambda: launcher.replay(
+            table, (False, False), tensors, params, torch.Tensor, stream_of
+        ),
         "launch (no bind)": lambda: kernel._launch(tensors, params, False),
         "key, stream-free": lambda: Plans.key(tensors, params, False, False, stream=False),
         "key with stream": lambda: Plans.key(tensors, params, False, True),
@@ -73,7 +83,7 @@ def parts(spec: str, shape_text: str, dtype_name: str, target: str) -> dict[str,
                     t.data_ptr() if plan.fields else tensor_map.encode(t.data_ptr(), *layout)
                     for t, (_, layout) in zip(maps, plan.maps, strict=True)
                 ]
-                if plan.builder is None:
+                if plan.first is None and not plan.buffers:
                     row["attend launch"] = lambda: plan.attend(*pointers, *encoded)
                 ab = _c_and_python_launches(plan.attend, lambda: kernel(*args))
                 if plan.maps:

@@ -150,7 +150,8 @@ class Kernel:
                 replayed = launcher.replay(table, head, tensors, params, torch.Tensor, _RAW_STREAM)
             if replayed is None:
                 replayed = self._launch(tensors, params, return_lse)
-                if launcher is not None:
+                # (a first call's launches build the launcher where it was not built yet)
+                if _RAW_STREAM is not None and native.built() is not None:
                     self._remember_replay(tensors, params, return_lse)
             out, lse = replayed
             return (out, self._returned_lse(lse)) if return_lse else out
@@ -253,7 +254,7 @@ class Kernel:
             if device.type not in ("cuda", "cpu"):  # the module's own error names the device
                 return module._forward(tensors, params, return_lse)  # type: ignore[no-any-return]
             config = self._config(module, tensors, params, return_lse, checked)
-            full_params = module._param_defaults(sizes, params)
+            full_params = module._param_defaults(sizes, dict(params))
             geometry = _Geometry(sizes, dtype, device, full_params, config)
             geometry.precision = self._fp32_precision(dtype)
             if key is not None:

@@ -216,6 +216,18 @@ def test_softcap_rows_far_below_the_cap_on_gpu(head_dim: int) -> None:
     assert (lse[:, 1] < -20.0).all()
 
 
+def _assert_replays_from_c(kernel: Any, args: Any) -> None:
+    """A call with these inputs finds its replay in the kernel's table, and it launches."""
+    from attncc.runtime import kernel as kernel_module
+    from attncc.runtime import native
+
+    launcher = native.launcher()
+    assert launcher is not None, native.unavailable()
+    tensors, params = kernel._host._bind(tuple(args), {})
+    table, stream_of = kernel._replays.table, kernel_module._RAW_STREAM
+    assert launcher.replay(table, (False, False), tensors, params, torch.Tensor, stream_of)
+
+
 def test_repeated_eager_calls_replay_from_c() -> None:
     """A plain eager call like an earlier one goes from its bound inputs to its launches in
     one C call (Kernel._replays: the C launcher's replay of the plan that served the first),
@@ -223,9 +235,6 @@ def test_repeated_eager_calls_replay_from_c() -> None:
     launch hook sends calls to Triton's own launcher (the hook sees them); an fp32 replay
     follows PyTorch's TF32 setting (its error against float64 moves with it). Every output
     against the reference."""
-    from attncc.runtime import native
-
-    assert native.launcher() is not None, native.unavailable()
     kernel = attncc.compile(EXAMPLE_DIR / "causal.attn", target="triton")
     expected_fn = reference(kernel.spec)
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -243,7 +252,8 @@ def test_repeated_eager_calls_replay_from_c() -> None:
     for _ in range(3):
         args = inputs()
         assert error(kernel(*args), args) < 2e-3
-    assert len(kernel._replays) == 1
+        assert len(kernel._replays) == 1  # from the first call on
+    _assert_replays_from_c(kernel, args)
     q, k, v = inputs()
     strided = (q, k.transpose(1, 2).contiguous().transpose(1, 2), v)
     for _ in range(2):
@@ -273,3 +283,26 @@ def test_repeated_eager_calls_replay_from_c() -> None:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     exact = [errors[i] for i in (0, 1, 4)]
     assert max(exact) < 1e-5 and min(errors[2:4]) > 10 * max(exact), errors
+
+
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [("decode", "auto"), ("paged_decode", "auto"), ("decode", "cuda")],
+)
+def test_repeated_decode_calls_replay_from_c(name: str, target: str) -> None:
+    """Split-KV decode (Triton's two kernels and a scratch block; the CUDA target's plan,
+    its partial results the plan's buffers) replays from C too: one replay for calls on
+    fresh caches, each output against the reference."""
+    from attncc.bench import Shape, bench_inputs, sizes_for
+
+    kernel = attncc.compile(EXAMPLE_DIR / f"{name}.attn", target=target)  # type: ignore[arg-type]
+    expected_fn = reference(kernel.spec)
+    sizes = sizes_for(kernel.ir, Shape.parse("2,32:8,1000,128"))
+    for _ in range(3):
+        inputs = bench_inputs(kernel.ir, sizes, torch.bfloat16, documents=4)
+        args = [inputs[n] for n in kernel.input_names]
+        out = kernel(*args)
+        expected = torch.from_numpy(expected_fn(*(a.cpu() for a in args)))
+        assert (out.double().cpu() - expected).abs().max() < 2e-2
+        assert len(kernel._replays) == 1  # from the first call on
+    _assert_replays_from_c(kernel, args)

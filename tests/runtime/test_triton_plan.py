@@ -84,6 +84,19 @@ def test_a_repeated_call_replays_and_matches_the_full_path(
     torch.testing.assert_close(got_out, out, rtol=0, atol=0, equal_nan=True)
 
 
+def test_a_first_call_leaves_the_callers_params_as_they_were() -> None:
+    """The full path fills in the params' defaults on a copy: the caller's dict (the one a
+    repeated call's key is built from, before and after the call) keeps only what it gave,
+    and a key computed after the first call finds the geometry it recorded."""
+    kernel, sizes = _draw("alibi", "fused", seed=3)
+    inputs = make_inputs(kernel.ir, sizes, torch.float32, DEVICE, np.random.default_rng(5))
+    tensors, params = kernel._host._bind((), inputs)
+    given = dict(params)
+    kernel._launch(tensors, params, False)
+    assert params == given and "scale" not in params
+    assert kernel._geometry(Plans.key(tensors, params, False, False, stream=False)) is not None
+
+
 def test_replays_on_fresh_tensors_move_the_descriptor_maps_to_them() -> None:
     """bf16 at a head dim the TMA copies take, each call on tensors at new addresses: every
     replay gives exactly the full path's output. On a GPU a configuration with TMA copies
