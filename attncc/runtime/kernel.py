@@ -70,7 +70,8 @@ class Kernel:
     # plain eager calls on CUDA tensors: the C launcher's replays of the plans that served
     # earlier calls, by Plans.key with the stream (head: return_lse, False), so a repeated
     # call goes from its bound inputs to its launches in one C call (launcher.c's replay):
-    # the Python between them cost 4-8 us of CPU a call (H200, benchmarks/call_parts.py)
+    # 1-9 us of CPU less a repeated prefill call than through the plans' Python, 11.9-13.9
+    # us a call (H200, pinned alternating processes: benchmarks/results/host_replay_ab_h200.txt)
     _replays: Plans = field(init=False, repr=False)
     _poisoned: bool = field(init=False, default=False, repr=False)
     _pinned: bool = field(init=False, repr=False)
