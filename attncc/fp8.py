@@ -26,6 +26,7 @@ import contextlib
 import functools
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -214,9 +215,10 @@ def _replayed(
     strides, dtypes, devices, the block and the rotation), and a plan is recorded only after
     they passed. A replayed call took 100-102 us of CPU against the full path's 142-143 (one
     process on an H200 host, three 16 x 8192 x 128 tensors)."""
-    jobs = _jobs(q, k, v, block[0], block[1], hadamard)
+    # the key from the jobs' layouts alone, no _Job built (5 of a replay's ~65 us of CPU)
+    specs = _job_specs(block[0], block[1], hadamard)
     tensors = {"q": q, "k": k, "v": v}
-    plan = _PLANS.get(_plan_key(tensors, jobs))
+    plan = _PLANS.get(Plans.key(tensors, _key_params(specs), False, False))
     if plan is None:
         return None
     # on the GPU the C launcher's replay of the plan (its allocations and three launches in
@@ -228,11 +230,12 @@ def _replayed(
             result = plan(tensors)
     if result is None:
         return None
-    done = _outputs(jobs, result)
-    (q8, q_descale), (k8, k_descale), (v8, v_descale) = done["q"], done["k"], done["v"]
-    return Fp8Inputs(
-        q8, k8, v8, q_descale, k_descale, v_descale, Fp8Scheme(block[0], block[1], hadamard)
+    q8, k8, v8 = (
+        _fp8_view(codes, key_major)
+        for codes, (_, _, _, key_major) in zip(result[0::2], specs, strict=True)
     )
+    scheme = Fp8Scheme(block[0], block[1], hadamard)
+    return Fp8Inputs(q8, k8, v8, result[1], result[3], result[5], scheme)
 
 
 def quantize_torch(
@@ -270,6 +273,20 @@ def _quantize(
     )
 
 
+# a job's layout: (tensor name, rows a block or None, rotated, written key-major)
+_JobSpec = tuple[str, int | None, bool, bool]
+
+
+def _job_specs(block_m: int | None, block_n: int | None, hadamard: bool) -> tuple[_JobSpec, ...]:
+    """q, k and v's jobs: q in blocks of ``block_m`` rows, k and v of ``block_n``; q and k
+    rotated where ``hadamard``; v written key-major."""
+    return (
+        ("q", block_m, hadamard, False),
+        ("k", block_n, hadamard, False),
+        ("v", block_n, False, True),
+    )
+
+
 def _jobs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -278,10 +295,10 @@ def _jobs(
     block_n: int | None,
     hadamard: bool,
 ) -> dict[str, _Job]:
+    x = {"q": q, "k": k, "v": v}
     return {
-        "q": _Job(q, block_m, hadamard, False),
-        "k": _Job(k, block_n, hadamard, False),
-        "v": _Job(v, block_n, False, True),
+        name: _Job(x[name], rows, rotate, key_major)
+        for name, rows, rotate, key_major in _job_specs(block_m, block_n, hadamard)
     }
 
 
@@ -457,13 +474,20 @@ def _quantize_kernel(jobs: dict[str, _Job]) -> dict[str, tuple[torch.Tensor, tor
 
 def _plan_key(tensors: dict[str, torch.Tensor], jobs: dict[str, _Job]) -> tuple[Any, ...] | None:
     """The key of the jobs' plan: their tensors' geometry (``Plans.key``) and each job's
-    block, rotation and layout. The full path and a repeated call's replay both look it up."""
-    params = {
-        f"{name}.{field}": getattr(job, field)
-        for name, job in jobs.items()
-        for field in ("rows", "rotate", "key_major")
-    }
-    return Plans.key(tensors, params, False, False)
+    block, rotation and layout (``_key_params``). The full path and a repeated call's replay
+    both look it up."""
+    specs = [(name, job.rows, job.rotate, job.key_major) for name, job in jobs.items()]
+    return Plans.key(tensors, _key_params(specs), False, False)
+
+
+def _key_params(specs: Iterable[_JobSpec]) -> dict[str, Any]:
+    """The jobs' layouts as a plan key's params: each job's rows, rotate and key_major."""
+    params: dict[str, Any] = {}
+    for name, rows, rotate, key_major in specs:
+        params[f"{name}.rows"] = rows
+        params[f"{name}.rotate"] = rotate
+        params[f"{name}.key_major"] = key_major
+    return params
 
 
 def _outputs(
@@ -473,10 +497,15 @@ def _outputs(
     pairs, in the jobs' order."""
     done = {}
     for at, (name, job) in enumerate(jobs.items()):
-        codes, descale = result[2 * at], result[2 * at + 1]
-        x8 = codes.view(FP8_DTYPE)
-        done[name] = (x8.transpose(-1, -2) if job.key_major else x8), descale
+        done[name] = _fp8_view(result[2 * at], job.key_major), result[2 * at + 1]
     return done
+
+
+def _fp8_view(codes: torch.Tensor, key_major: bool) -> torch.Tensor:
+    """A launch's e4m3 codes (bytes) as the FP8 tensor ``[..., S, D]`` (key-major codes are
+    ``[..., D, S]``)."""
+    x8 = codes.view(FP8_DTYPE)
+    return x8.transpose(-1, -2) if key_major else x8
 
 
 def _four_dims(x: torch.Tensor) -> torch.Tensor:
