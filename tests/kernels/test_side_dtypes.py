@@ -11,6 +11,7 @@ import torch
 
 import attncc
 from attncc.reference import reference
+from attncc.runtime import launch_plan
 
 from ._support import DEVICE, compiled, evaluate, example_path
 
@@ -106,4 +107,5 @@ def test_cuda_host_sends_other_side_dtypes_to_triton_or_converts(
     assert not module._side_floats_fit(tensors, torch.bfloat16)
     assert not module._takes_wgmma(tensors, sizes, torch.bfloat16, cuda)
     assert module._conversions(tensors, torch.bfloat16) == (("bias", torch.bfloat16),)
-    assert module._declared_types(tensors, torch.bfloat16)["bias"].dtype == torch.bfloat16
+    converted = launch_plan.convert(tensors, module._conversions(tensors, torch.bfloat16))
+    assert converted["bias"].dtype == torch.bfloat16
