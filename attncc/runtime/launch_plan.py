@@ -214,11 +214,6 @@ class FusedPlan:
                 return None
         out, lse = self.allocate()
         pointers = self.pointers(tensors, out, lse)
-        if not self.buffers:
-            if self.first is not None:
-                self.first(*pointers)
-            self.attend(*pointers, *maps)
-            return out, lse
         if self._new_buffers is None:
             self._new_buffers = tuple(allocator(s, dtype, out.device) for s, dtype in self.buffers)
         # the buffers stay referenced until both launches are queued: freed before, their
@@ -234,21 +229,22 @@ class FusedPlan:
         """This plan as the C launcher's Replay (launcher.c: the same allocations and
         launches without a Python frame), or None where it has none: no C launcher, no
         pointer ``sources``, integer inputs to convert, outputs not made by ``Outputs``,
-        maps encoded on each call, or (maps or buffers) no call yet. Made once."""
+        maps encoded on each call, or no call yet. Made once."""
         if self._replay is None:
             self._replay = self._native_replay()
         return self._replay or None
 
     def _native_replay(self) -> Any:
         """The Replay; False where this plan never has one, None where it may after a call
-        (the C launcher still building, or where K's maps move not found yet)."""
+        (the C launcher still building, or no call yet: where K's maps move, the buffers'
+        device)."""
         launcher = native.built()
         if launcher is None:
             return None
         if not self.sources or self.conversions or not isinstance(self.allocate, Outputs):
             return False
-        new_buffers = self._new_buffers if self.buffers else ()
-        if self.fields is None or new_buffers is None:
+        new_buffers = self._new_buffers
+        if self.fields is None or new_buffers is None:  # no call yet
             return None
         if self.maps and not self.fields:
             return False
