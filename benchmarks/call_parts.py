@@ -48,17 +48,18 @@ def parts(spec: str, shape_text: str, dtype_name: str, target: str) -> dict[str,
     launcher = native.launcher()
     assert launcher is not None, native.unavailable()
     table, stream_of = kernel._replays.table, kernel_module._RAW_STREAM
-    replayed = launcher.replay(table, (False, False), tensors, params, torch.Tensor, stream_of)
-    assert replayed is not None, "the first call left no C replay"
+
+    def c_replay() -> Any:
+        return launcher.replay(table, (False, False), tensors, params, torch.Tensor, stream_of)
+
+    assert c_replay() is not None, "the first call left no C replay"
     row: dict[str, Callable[[], Any]] = {
         "call": lambda: kernel(*args),
         "bind": lambda: host._bind(tuple(args), {}),
         "eager": lambda: kernel_module._eager(tensors.values()),
         # the C launcher's replay of the call's plan: key, stream, lookup, allocations and
         # launches in one C call (Kernel._replays)
-        "C replay (no bind)": lambda: launcher.replay(
-            table, (False, False), tensors, params, torch.Tensor, stream_of
-        ),
+        "C replay (no bind)": c_replay,
         "launch (no bind)": lambda: kernel._launch(tensors, params, False),
         "key, stream-free": lambda: Plans.key(tensors, params, False, False, stream=False),
         "key with stream": lambda: Plans.key(tensors, params, False, True),

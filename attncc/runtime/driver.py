@@ -384,11 +384,11 @@ class Launch:
         None without the C launcher."""
         if self.native is None:
             return None
-        slots = [
-            (at, *source(key), shift, bias, length) if kind == FROM_ITEM else slot
-            for slot in self.slots
-            for at, kind, key, shift, bias, length in (slot,)
-        ]
+        slots = []
+        for at, kind, key, shift, bias, length in self.slots:
+            if kind == FROM_ITEM:
+                kind, key = source(key)
+            slots.append((at, kind, key, shift, bias, length))
         return type(self.native)(entry_address(), *self._config, slots)
 
     @property

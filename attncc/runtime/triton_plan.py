@@ -251,12 +251,12 @@ class TritonPlan:
         direct = [launch for _, launch, _ in prepared]
         refusals = [launch for launch in direct if isinstance(launch, str)]
         self.launcher_refusal = refusals[0] if refusals else None
+        self._direct = tuple(launch for launch in direct if isinstance(launch, driver.Launch))
         self.issues = (
-            tuple(launch.issue for launch in direct if isinstance(launch, driver.Launch))
+            tuple(launch.issue for launch in self._direct)
             if device is not None and not refusals
             else None
         )
-        self._direct = tuple(launch for launch in direct if isinstance(launch, driver.Launch))
         # the CUDA context the kernels were loaded in (the device's, current while recording)
         self.context = driver.current_context() if device is not None else 0
         self._replay: Any = None  # native_replay's, once made (False: none)
