@@ -74,6 +74,8 @@ class Kernel:
     # us a call (H200, pinned alternating processes: benchmarks/results/host_replay_ab_h200.txt)
     _replays: Plans = field(init=False, repr=False)
     _poisoned: bool = field(init=False, default=False, repr=False)
+    # the inputs' and the params' names (the op's argument order)
+    _names: tuple[tuple[str, ...], tuple[str, ...]] = field(init=False, repr=False)
     _pinned: bool = field(init=False, repr=False)
     # how a returned log-sum-exp is permuted into the scores' order (None: as written)
     _lse_permutation: tuple[int, ...] | None = field(init=False, repr=False)
@@ -84,6 +86,7 @@ class Kernel:
         self._geometries = Plans()
         self._falls_back = Plans()
         self._replays = Plans()
+        self._names = (self.input_names, self.param_names)
         # tiling options given to attncc.compile (block_n=32, ...) pin the IR's default
         # tiles: those calls keep the module's defaults, never the table or a tuned entry
         self._pinned = self.ir.tiling is not None and self.ir.tiling != Tile().run(self.ir).tiling
@@ -143,18 +146,7 @@ class Kernel:
             # the torch op's dispatch costs ~50 us a call (measured on an H200,
             # benchmarks/host_overhead.py), more than a decode kernel's GPU time; in plain
             # eager mode nothing needs it, and _forward checks the inputs itself
-            launcher = native.built() if _RAW_STREAM is not None else None
-            replayed = None
-            if launcher is not None:
-                head = (return_lse, False)
-                table = self._replays.table
-                replayed = launcher.replay(table, head, tensors, params, torch.Tensor, _RAW_STREAM)
-            if replayed is None:
-                replayed = self._launch(tensors, params, return_lse)
-                # (a first call's launches build the launcher where it was not built yet)
-                if _RAW_STREAM is not None and native.built() is not None:
-                    self._remember_replay(tensors, params, return_lse)
-            out, lse = replayed
+            out, lse = self._replayed(tensors, params, return_lse)
             return (out, self._returned_lse(lse)) if return_lse else out
         if eager == "grad" and isinstance(self._backward, autograd.Backward):
             # inputs requiring grad, eagerly: the op's autograd without the op (eager.py)
@@ -201,16 +193,38 @@ class Kernel:
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any], bool]:
         """Undo the op's flat argument list: inputs, params (None: default), return_lse."""
-        n, p = len(self.input_names), len(self.param_names)
-        tensors = dict(zip(self.input_names, args[:n], strict=True))
+        names, param_names = self._names
+        n, p = len(names), len(param_names)
+        tensors = dict(zip(names, args[:n], strict=True))
         # the dispatcher may drop trailing arguments left at their defaults (None, False)
-        values = (*args[n : n + p], *([None] * p))[:p]
-        params = {k: v for k, v in zip(self.param_names, values, strict=True) if v is not None}
+        params = {}
+        for name, value in zip(param_names, args[n : n + p], strict=False):
+            if value is not None:
+                params[name] = value
         return_lse = bool(kwargs.get("return_lse", args[n + p] if len(args) > n + p else False))
         return tensors, params, return_lse
 
     def _run(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._launch(*self._split(args, kwargs))
+        # the op's kernel (torch.compile'd callers, autograd): real tensors, below autograd
+        return self._replayed(*self._split(args, kwargs))
+
+    def _replayed(
+        self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A call's (out, lse): replayed from C where an earlier call like it left a replay
+        (``_replays``), else through ``_launch``, after which its replay is kept."""
+        launcher = native.built() if _RAW_STREAM is not None else None
+        if launcher is not None:
+            head = (return_lse, False)
+            table = self._replays.table
+            replayed = launcher.replay(table, head, tensors, params, torch.Tensor, _RAW_STREAM)
+            if replayed is not None:
+                return replayed  # type: ignore[no-any-return]
+        result = self._launch(tensors, params, return_lse)
+        # (a first call's launches build the launcher where it was not built yet)
+        if _RAW_STREAM is not None and native.built() is not None:
+            self._remember_replay(tensors, params, return_lse)
+        return result
 
     def _launch(
         self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
@@ -298,6 +312,9 @@ class Kernel:
             geometry = self._geometry(Plans.key(tensors, params, return_lse, False, stream=False))
             if geometry is None or geometry.plan is None:
                 return None
+            current = _RAW_STREAM(geometry.device.index) if _RAW_STREAM is not None else 0
+            if not geometry.plan.serves(current):
+                return None  # (its calls on this stream take the full path)
             guard = None
             if geometry.precision is not None:  # fp32: the TF32 setting it was recorded under
                 precision = functools.partial(self._host._dot_precision, geometry.dtype)

@@ -192,8 +192,10 @@ class FusedPlan:
         # where each map holds its address (tensor_map.AddressField), found on the first
         # call: None until then, () where a map has none (each call encodes its maps)
         self.fields: tuple[tensor_map.AddressField, ...] | None = None if maps else ()
-        # the buffers' allocators, on the first call's device (None until then)
-        self._new_buffers: tuple[Callable[[], torch.Tensor], ...] | None = None
+        # the buffers, made by the first call on its device (None until then) and kept: the
+        # launches are bound to one stream, on which calls run one after the other (an
+        # allocation a buffer cost 1.3-2 us of CPU a call, H200: benchmarks/call_parts.py)
+        self._buffers: tuple[torch.Tensor, ...] | None = None
         self._replay: Any = None  # native_replay's, once made (False: none)
         self._lock = threading.Lock()
 
@@ -214,12 +216,11 @@ class FusedPlan:
                 return None
         out, lse = self.allocate()
         pointers = self.pointers(tensors, out, lse)
-        if self._new_buffers is None:
-            self._new_buffers = tuple(allocator(s, dtype, out.device) for s, dtype in self.buffers)
-        # the buffers stay referenced until both launches are queued: freed before, their
-        # blocks could go to the next allocation, which the kernels would then read
-        buffers = [new() for new in self._new_buffers]
-        own = [b.data_ptr() for b in buffers]
+        if self._buffers is None:
+            self._buffers = tuple(
+                torch.empty(shape, dtype=dtype, device=out.device) for shape, dtype in self.buffers
+            )
+        own = [b.data_ptr() for b in self._buffers]
         if self.first is not None:
             self.first(*pointers, *own)
         self.attend(*pointers, *own, *maps)
@@ -243,13 +244,13 @@ class FusedPlan:
             return None
         if not self.sources or self.conversions or not isinstance(self.allocate, Outputs):
             return False
-        new_buffers = self._new_buffers
-        if self.fields is None or new_buffers is None:  # no call yet
+        buffers = self._buffers
+        if self.fields is None or buffers is None:  # no call yet
             return None
         if self.maps and not self.fields:
             return False
         n_pointers = len(self.sources)
-        after = n_pointers + len(new_buffers)  # the first map's value
+        after = n_pointers + len(buffers)  # the first map's value
 
         def source(n: int) -> tuple[int, Any]:
             if n < n_pointers:
@@ -268,7 +269,7 @@ class FusedPlan:
             driver.context_entry(),
             self.context,
             self.attend.stream,
-            (*self.allocate.parts, *new_buffers),
+            (*self.allocate.parts, *buffers),
             None,
             tuple(launches),
             (0, 1),

@@ -430,7 +430,8 @@ static PyObject *current_context(PyObject *Py_UNUSED(module), PyObject *address)
        `guard`, a (callable, expected) pair or None, calls to anything but `expected`;
      - allocates: each of `allocations` is called with no arguments (a prepared allocator),
        or is kept as it is (a buffer every call shares); `scratch`, a callable or None, gives
-       the block whose data pointer is the launches' `base`;
+       the block whose data pointer is the launches' `base` (anything else than a callable
+       is that block, kept: a plan bound to one stream reuses its scratch);
      - issues `launches` (Launch objects, their slots filled from the tensors, the
        allocations as items and the base) on `stream`: an int, or a callable returning it;
        a result code other than 0 goes to `check(code)`, which raises;
@@ -597,9 +598,14 @@ static PyObject *replay_run(Replay *self, PyObject *tensors) {
   if (self->scratch != Py_None) {
     /* held until the launches are queued: freed before, its memory could go to the next
        allocation while the kernels still write it */
-    block = PyObject_CallNoArgs(self->scratch);
-    if (block == NULL) {
-      goto done;
+    if (PyCallable_Check(self->scratch)) {
+      block = PyObject_CallNoArgs(self->scratch);
+      if (block == NULL) {
+        goto done;
+      }
+    } else {
+      Py_INCREF(self->scratch);
+      block = self->scratch;
     }
     base = PyObject_CallMethodNoArgs(block, data_ptr_name);
   } else {

@@ -224,10 +224,21 @@ class TritonPlan:
             None if index in scratch else _prepared_allocation(a, recorder.tensors[index])
             for index, a in enumerate(recorder.allocations)
         )
+        # a plan holding buffers the module keeps per stream (split-KV's arrival counters:
+        # two calls at once must not share them) serves the stream it was recorded on
+        # alone, and keeps its scratch block too (that stream's calls run one after the
+        # other): None where it holds none
+        holds = any(recorder.tensors[i].numel() for i in kept) or any(
+            isinstance(value, torch.Tensor) for step in recorder.steps for value in step.values
+        )
+        self.stream = _current_stream(device) if device is not None and holds else None
         self._new_scratch = None
+        self._scratch_block: torch.Tensor | None = None
         if device is not None and self.scratch_bytes:
             cuda = torch.device("cuda", device)
             self._new_scratch = launch_plan.allocator((self.scratch_bytes,), torch.uint8, cuda)
+            if self.stream is not None:
+                self._scratch_block = self._new_scratch()
         self.steps = tuple(
             replace(
                 step,
@@ -278,7 +289,9 @@ class TritonPlan:
         if compiled:
             if torch._C._cuda_getDevice() != self.device or _launch_hooks():
                 return None
-            stream = torch._C._cuda_getCurrentRawStream(self.device)
+            stream = _current_stream(self.device)
+            if self.stream is not None and stream != self.stream:
+                return None
         allocs: list[Any] = []
         for a in self.allocations:
             if a is None:
@@ -292,7 +305,9 @@ class TritonPlan:
         for filled, fill, fill_args in self.fills:
             fill(allocs[filled], *fill_args)
         base = 0
-        if self._new_scratch is not None:
+        if self._scratch_block is not None:
+            base = self._scratch_block.data_ptr()
+        elif self._new_scratch is not None:
             # keeps the block allocated until the launches are queued (stream order after)
             block = self._new_scratch()
             base = block.data_ptr()
@@ -317,10 +332,15 @@ class TritonPlan:
             step.kernel.run(*values[:positional], grid=step.grid, warmup=False, **keywords)
         return tuple(allocs[i] for i in self.outputs)
 
+    def serves(self, stream: int) -> bool:
+        """Whether the plan may launch on ``stream`` (a raw stream of its device)."""
+        return self.stream is None or stream == self.stream
+
     def native_replay(self, guard: tuple[Callable[[], Any], Any] | None = None) -> Any:
         """This plan as the C launcher's Replay (launcher.c: the same allocations and
         launches without a Python frame), refusing where ``guard`` (callable, expected)
-        calls to another value; None where it has none: no C launcher, a step on Triton's
+        calls to another value, or on another stream than the one a plan holding kept
+        buffers serves; None where it has none: no C launcher, a step on Triton's
         launcher, fills, or an allocation other than a prepared one or a kept buffer. Made
         once (with the first guard asked for)."""
         if self._replay is None:
@@ -347,12 +367,15 @@ class TritonPlan:
         if any(launch is None for launch in launches):
             return False
         runtime = _TRITON_RUNTIME_KNOBS or _triton_runtime_knobs()
+        current = functools.partial(_current_stream, self.device)
+        if self.stream is not None:
+            guard = _with_stream(guard, current, self.stream)
         return launcher.Replay(
             driver.context_entry(),
             self.context,
-            functools.partial(torch._C._cuda_getCurrentRawStream, self.device),
+            current,
             tuple(allocations),
-            self._new_scratch,
+            self._scratch_block if self._scratch_block is not None else self._new_scratch,
             tuple(launches),
             self.outputs,
             ((runtime, "launch_enter_hook"), (runtime, "launch_exit_hook")),
@@ -527,6 +550,20 @@ def _scratch(recorder: _Recorder, excluded: set[int]) -> tuple[dict[int, int], i
         offsets[index] = at
         at += -(-tensor.numel() * tensor.element_size() // _SCRATCH_ALIGN) * _SCRATCH_ALIGN
     return offsets, at
+
+
+# PyTorch's current raw stream of a device index (CUDA builds)
+_current_stream: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _with_stream(
+    guard: tuple[Callable[[], Any], Any] | None, current: Callable[[], int], stream: int
+) -> tuple[Callable[[], Any], Any]:
+    """``guard`` (callable, expected; or None) with the current stream checked too."""
+    if guard is None:
+        return current, stream
+    check, expected = guard
+    return (lambda: (check(), current())), (expected, stream)
 
 
 def _kept(recorder: _Recorder, outputs: tuple[int, ...]) -> set[int]:

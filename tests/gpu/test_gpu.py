@@ -306,3 +306,95 @@ def test_repeated_decode_calls_replay_from_c(name: str, target: str) -> None:
         assert (out.double().cpu() - expected).abs().max() < 2e-2
         assert len(kernel._replays) == 1  # from the first call on
     _assert_replays_from_c(kernel, args)
+
+
+@pytest.mark.parametrize("target", ["auto", "cuda"])
+def test_decode_calls_on_two_streams_at_once_agree_with_one_call(target: str) -> None:
+    """Split-KV decode on two streams at once (both streams waiting on one event behind a
+    millisecond's GPU sleep, so the two calls' kernels start together), after first calls
+    on the default stream recorded the plan: every output equals that of the same inputs'
+    call alone. The streams swap two queries each round, so a merge reading another call's
+    or an earlier round's partial results, or an output never written, differs. Each
+    call's chunks count their arrivals in counters of its own stream; a Triton plan
+    replaying the recorded call's counters on every stream let the two calls' chunks count
+    in the same ones."""
+    from attncc.bench import Shape, bench_inputs, sizes_for
+
+    kernel = attncc.compile(EXAMPLE_DIR / "decode.attn", target=target)  # type: ignore[arg-type]
+    sizes = sizes_for(kernel.ir, Shape.parse("1,32:8,8192,128"))
+    inputs = bench_inputs(kernel.ir, sizes, torch.bfloat16, documents=4)
+    args = [inputs[n] for n in kernel.input_names]
+    queries = [args[0], torch.randn_like(args[0])]
+    expected = [kernel(q, *args[1:]) for q in queries]
+    reference_out = torch.from_numpy(reference(kernel.spec)(*(a.cpu() for a in args)))
+    assert (expected[0].double().cpu() - reference_out).abs().max() < 2e-2
+    assert not torch.equal(expected[0], expected[1])
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    wrong = []
+    for trial in range(20):
+        torch.cuda._sleep(2_000_000)
+        gate = torch.cuda.Event()
+        gate.record()
+        for stream in streams:
+            stream.wait_event(gate)
+        outs = []
+        for i, stream in enumerate(streams):
+            which = (i + trial) % 2
+            with torch.cuda.stream(stream):
+                outs.append((which, kernel(queries[which], *args[1:])))
+        torch.cuda.synchronize()
+        wrong += [(trial, w) for w, out in outs if not torch.equal(out, expected[w])]
+    assert wrong == []
+
+
+@pytest.mark.parametrize("target", ["triton", "cuda"])
+def test_compiled_callers_repeated_calls_replay_from_c(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torch.compile'd caller's op calls take the C replay as eager calls do: after its
+    first call, none goes through the plans' Python (Kernel._launch), and each gives what
+    an eager call gives."""
+    kernel = attncc.compile(EXAMPLE_DIR / "causal.attn", target=target)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 8, 256, 64, generator=gen).half().cuda() for _ in range(3))
+    layer = torch.compile(lambda q, k, v: kernel(q, k, v))
+    with torch.no_grad():
+        first = layer(q, k, v)
+        launches: list[int] = []
+        original = kernel._launch
+
+        def counted(*args: Any) -> Any:
+            launches.append(1)
+            return original(*args)
+
+        monkeypatch.setattr(kernel, "_launch", counted)
+        outs = [layer(q, k, v) for _ in range(3)]
+    assert launches == []
+    eager = kernel(q, k, v)
+    assert all(torch.equal(out, eager) for out in (first, *outs))
+
+
+@pytest.mark.parametrize("target", ["auto", "cuda"])
+def test_a_captured_decode_counts_in_counters_zeroed_before_the_capture(target: str) -> None:
+    """A CUDA graph captured after an eager call: its call's arrival counters are the spare
+    buffer that eager call zeroed (no fill captured into the graph, where each replay
+    would run it), and its replays on new queries give what eager calls give."""
+    from attncc.bench import Shape, bench_inputs, sizes_for
+
+    kernel = attncc.compile(EXAMPLE_DIR / "decode.attn", target=target)  # type: ignore[arg-type]
+    sizes = sizes_for(kernel.ir, Shape.parse("1,32:8,8192,128"))
+    inputs = bench_inputs(kernel.ir, sizes, torch.bfloat16, documents=4)
+    args = [inputs[n] for n in kernel.input_names]
+    kernel(*args)
+    runs = kernel._fallback_kernel if kernel.backend_for(*args) != kernel.target else kernel
+    module = runs._host  # type: ignore[union-attr]
+    spare = module._SPARE_ARRIVALS["cuda:0"]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = kernel(*args)
+    assert "cuda:0" not in module._SPARE_ARRIVALS
+    assert any(spare is buffer for kept in module._ARRIVALS.values() for buffer in kept)
+    for seed in range(3):
+        args[0].copy_(torch.randn(args[0].shape, generator=torch.Generator().manual_seed(seed)))
+        graph.replay()
+        assert torch.equal(captured, kernel(*args))

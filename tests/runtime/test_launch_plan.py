@@ -220,9 +220,10 @@ def _plan(
 
 
 def test_a_plan_fills_each_calls_pointers_index_and_maps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The builder gets the call's pointers and a fresh index; the attention kernel the same
-    pointers, the same index and the maps of this call's K; an int64 document id tensor is
-    converted to its declared int32 first (its pointer is the copy's)."""
+    """The builder gets the call's pointers and the plan's index buffer; the attention
+    kernel the same pointers, the same index and the maps of this call's K; an int64
+    document id tensor is converted to its declared int32 first (its pointer is the
+    copy's)."""
     layout = (torch.bfloat16, 64, 64, 64, 65, 128)
     plan, _ = _plan(
         monkeypatch,
@@ -401,9 +402,10 @@ def test_a_plans_c_replay_launches_what_the_plan_launches(
 ) -> None:
     """FusedPlan.native_replay (the C launcher's Replay of the plan, once a call found where
     its maps move): a call's first and attention launches get this call's pointers, a fresh
-    output and buffers (the same in both: a tile index, split-KV's partial results) and K's
-    map moved to this call's K, as the plan's own call passes them; in another context it
-    launches nothing. Without the C launcher there is no replay."""
+    output, the plan's buffers (the same in both and in every call: a tile index, split-KV's
+    partial results; the launches' one stream runs calls in turn) and K's map moved to this
+    call's K, as the plan's own call passes them; in another context it launches nothing.
+    Without the C launcher there is no replay."""
     fake_driver.sizes = [8, 8, 8, 8, 8, 128]
     contexts = [11]
 
@@ -459,5 +461,6 @@ def test_a_plans_c_replay_launches_what_the_plan_launches(
         # the call's two buffers, apart and the same in both launches
         assert began[3:5] == attended[3:5] and word(0) not in began[3:5] and b1[3] != b1[4]
         assert attended[5] == _shifted_map(call["k"].data_ptr())
+    assert b1[3:5] == b2[3:5]  # kept
     contexts[0] = 12
     assert replay(later) is None and len(fake_driver.launches) == 4

@@ -334,6 +334,22 @@ def test_a_replay_allocates_launches_in_order_and_returns_its_outputs() -> None:
     assert len(recorder.launches) == 4 and len(blocks) == 2
 
 
+def test_a_replay_given_a_scratch_block_rather_than_an_allocator_keeps_it() -> None:
+    """A scratch that is not callable is the block itself (a plan bound to one stream):
+    every call's base is its pointer."""
+    recorder = _Recorder([8, 8])
+    module, _, second = _replay_parts(recorder)
+    block = torch.empty(16)
+    replay = module.Replay(
+        0, 0, 7, (torch.zeros(2), torch.empty(3)), block, (second,), (0,), (), None,
+        driver.check,
+    )  # fmt: skip
+    replay({"q": torch.empty(4)})
+    replay({"q": torch.empty(4)})
+    bases = [values[1] for _, _, _, values in recorder.launches]
+    assert bases == [_word(block.data_ptr() + 64)] * 2
+
+
 def test_a_replay_refuses_in_another_context_under_a_hook_or_a_changed_guard() -> None:
     """None, nothing launched: the calling thread's context not the replay's, a launch hook
     set (a profiler wants Triton's own launches), the guard's value changed (PyTorch's TF32
