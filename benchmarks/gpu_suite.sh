@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [coldrounds] [calls] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [coldrounds] [calls] [compiled] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -112,6 +112,20 @@ if has calls; then
     unset ATTNCC_AUTOTUNE
     timeout 560 python3 benchmarks/calls.py --json "$OUT/calls_$gpu.jsonl" \
         ${CALLS_CASES:+--cases "$CALLS_CASES"} 2>&1 | grep -vE "Warning|warn" | tee "$OUT/calls_$gpu.log" | tail -60
+fi
+
+if has compiled; then
+    # What a torch.compile'd caller adds to a call's CPU time, attncc's and SDPA's
+    # (benchmarks/compiled_calls.py); COMPILED_CASES narrows it, COMPILED_BASE=DIR runs a
+    # baseline tree's attncc first (git archive REV attncc templates grammars | tar -x -C DIR)
+    unset ATTNCC_AUTOTUNE
+    for root in ${COMPILED_BASE:-} .; do
+        echo "== compiled calls: $root"
+        (cd "$root" && PYTHONPATH="$PWD:$PYTHONPATH" ATTNCC_CACHE_DIR="/tmp/compiled_cache_${root//[.\/]/_}" \
+            timeout 400 python3 "$OLDPWD/benchmarks/compiled_calls.py" --grad \
+            --json "$OUT/compiled_calls_$gpu.jsonl" ${COMPILED_CASES:+--cases "$COMPILED_CASES"}) \
+            2>&1 | grep -vE "Warning|warn|originates|^ +|^$" | tee -a "$OUT/compiled_calls_$gpu.log" | tail -12
+    done
 fi
 
 BENCH_JSON="$OUT/bench_$gpu.jsonl"

@@ -278,3 +278,40 @@ def test_compiled_calls_refuse_inputs_requiring_grad() -> None:
         compiled_fn(q, k, v)
     with torch.no_grad():
         torch.testing.assert_close(compiled_fn(q, k, v), fn(q, k, v), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("schedule", ["fused", "split_kv"])
+def test_plain_op_calls_run_the_kernel_without_a_redispatch(
+    schedule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The op called on plain tensors with nothing for autograd to record (a compiled
+    caller's runtime call) runs the kernel from its autograd kernel (torch.library's, or
+    the refusing one of a kernel without a backward), without going round the dispatcher
+    again; fake tensors and inputs requiring grad still redispatch, and the latter get
+    their gradients."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kernel = compiled("causal", schedule)
+    args = qkv()
+    expected = kernel(*args)
+    redispatched: list[object] = []
+    original = torch._ops.OpOverload.redispatch
+
+    def counting(self: torch._ops.OpOverload, *a: object, **k: object) -> object:
+        redispatched.append(self)
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(torch._ops.OpOverload, "redispatch", counting)
+    out, _ = kernel._op(*args)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    with torch.no_grad():
+        kernel._op(*args)
+    assert redispatched == []
+    with FakeTensorMode() as mode:
+        kernel._op(*[mode.from_tensor(t) for t in args])
+    assert len(redispatched) == 1
+    if schedule == "fused":
+        leaves = [t.clone().requires_grad_() for t in args]
+        out, _ = kernel._op(*leaves, return_lse=True)
+        out.sum().backward()
+        assert len(redispatched) == 2 and all(t.grad is not None for t in leaves)
