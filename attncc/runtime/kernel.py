@@ -250,14 +250,17 @@ class Kernel:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A Triton target call's (out, lse); ``key``: its stream-free Plans.key."""
         geometry = self._geometry(key)
-        if geometry is not None and geometry.plan is not None:
-            if geometry.device.type == "cpu":  # the key holds the device
-                with interpreter(True):
-                    replayed = geometry.plan(tensors)
-            else:
-                replayed = geometry.plan(tensors)
-            if replayed is not None:
-                return replayed  # type: ignore[return-value]  # (out, lse): two outputs
+        plan = None
+        if geometry is not None:
+            plan = geometry.serving()
+            if plan is not None:
+                if geometry.device.type == "cpu":  # the key holds the device
+                    with interpreter(True):
+                        replayed = plan(tensors)
+                else:
+                    replayed = plan(tensors)
+                if replayed is not None:
+                    return replayed  # type: ignore[return-value]  # (out, lse): two outputs
         on_cpu = next(iter(tensors.values())).device.type == "cpu"
         if on_cpu:
             require_interpreter()
@@ -283,6 +286,15 @@ class Kernel:
                     )
                 self._geometries.remember(key, geometry)
                 return result  # type: ignore[return-value]  # (out, lse)
+        other_stream = plan is None and geometry.plan is not None and not on_cpu
+        if other_stream and not torch.cuda.is_current_stream_capturing():
+            # the plan serves another stream: this stream's first call is recorded too
+            result, stream_plan, _ = triton_plan.record(
+                module, lambda: geometry.launch(module, tensors, return_lse), tensors, True
+            )
+            if stream_plan is not None:
+                geometry.remember_stream_plan(stream_plan)
+            return result  # type: ignore[return-value]  # (out, lse)
         with interpreter(on_cpu):
             return geometry.launch(module, tensors, return_lse)
 
@@ -310,16 +322,14 @@ class Kernel:
         launch plan, or the Triton fallback's plan for the calls an auto kernel hands it."""
         if self.target == "triton":
             geometry = self._geometry(Plans.key(tensors, params, return_lse, False, stream=False))
-            if geometry is None or geometry.plan is None:
+            plan = geometry.serving() if geometry is not None else None
+            if geometry is None or plan is None:
                 return None
-            current = _RAW_STREAM(geometry.device.index) if _RAW_STREAM is not None else 0
-            if not geometry.plan.serves(current):
-                return None  # (its calls on this stream take the full path)
             guard = None
             if geometry.precision is not None:  # fp32: the TF32 setting it was recorded under
                 precision = functools.partial(self._host._dot_precision, geometry.dtype)
                 guard = (precision, geometry.precision)
-            return geometry.plan.native_replay(guard)
+            return plan.native_replay(guard)
         falls_back = self.fallback is not None
         if falls_back and self._fallback_kernel is not None:
             stream_free = Plans.key(tensors, params, return_lse, False, stream=False)
@@ -352,7 +362,7 @@ class Kernel:
         geometry = self._geometry(Plans.key(tensors, params, return_lse, False, stream=False))
         if geometry is None:
             return "full: no call of this geometry yet"
-        return "replay" if geometry.plan is not None else f"full: {geometry.refusal}"
+        return "replay" if geometry.serving() is not None else f"full: {geometry.refusal}"
 
     def launch_config(self, *args: Any, **kwargs: Any) -> dict[str, int]:
         """The launch configuration a call with these inputs runs with (Triton target): a
@@ -450,6 +460,25 @@ class _Geometry:
     plan: triton_plan.TritonPlan | None = None
     refusal: str | None = None
     precision: str | None = None  # _fp32_precision when recorded
+    # where ``plan`` serves one stream alone (it holds buffers kept per stream): the plans
+    # recorded on other streams, by raw stream (the latest _STREAM_PLANS of them)
+    stream_plans: dict[int, triton_plan.TritonPlan] = field(default_factory=dict)
+
+    def serving(self) -> triton_plan.TritonPlan | None:
+        """The plan for a call on the current stream: ``plan`` where it serves it, else the
+        one recorded on this stream; None where there is none (yet)."""
+        plan = self.plan
+        if plan is None or plan.stream is None:
+            return plan
+        stream = _RAW_STREAM(self.device.index) if _RAW_STREAM is not None else 0
+        return plan if plan.serves(stream) else self.stream_plans.get(stream)
+
+    def remember_stream_plan(self, plan: triton_plan.TritonPlan) -> None:
+        if plan.stream is None:  # (it holds no per-stream buffers: it serves every stream)
+            return
+        self.stream_plans[plan.stream] = plan
+        while len(self.stream_plans) > _STREAM_PLANS:
+            del self.stream_plans[next(iter(self.stream_plans))]
 
     def launch(
         self, module: ModuleType, tensors: dict[str, Any], return_lse: bool
@@ -489,6 +518,9 @@ def _eager(tensors: Iterable[Any]) -> str | None:
     return None if torch._C._are_functorch_transforms_active() else "grad"
 
 
+# the streams besides its recording one a geometry keeps plans for (each holds a scratch
+# block): a process making a stream a request would otherwise grow them without bound
+_STREAM_PLANS = 8
 _is_compiling = torch.compiler.is_compiling
 # PyTorch's current raw stream by device index (a private API, as Triton uses; CUDA builds)
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -317,7 +317,8 @@ def test_decode_calls_on_two_streams_at_once_agree_with_one_call(target: str) ->
     or an earlier round's partial results, or an output never written, differs. Each
     call's chunks count their arrivals in counters of its own stream; a Triton plan
     replaying the recorded call's counters on every stream let the two calls' chunks count
-    in the same ones."""
+    in the same ones. Each stream's first call records a plan of its own, which its later
+    calls replay from C."""
     from attncc.bench import Shape, bench_inputs, sizes_for
 
     kernel = attncc.compile(EXAMPLE_DIR / "decode.attn", target=target)  # type: ignore[arg-type]
@@ -345,6 +346,9 @@ def test_decode_calls_on_two_streams_at_once_agree_with_one_call(target: str) ->
         torch.cuda.synchronize()
         wrong += [(trial, w) for w, out in outs if not torch.equal(out, expected[w])]
     assert wrong == []
+    for stream in streams:  # each stream's calls replay a plan of their own by now
+        with torch.cuda.stream(stream):
+            _assert_replays_from_c(kernel, [queries[0], *args[1:]])
 
 
 @pytest.mark.parametrize("target", ["triton", "cuda"])
