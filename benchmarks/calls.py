@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -151,8 +151,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['spec']} | {r['shape']} | {r['dtype']} | {r['target']} | "
-                         f"error: {r['error'][:80]} | | | | | |")  # fmt: skip
+            lines.append(error_line(r, 5))
             continue
         anchor = r.get("anchor", "-")
         lines.append(
@@ -170,8 +169,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", help="append one JSON line a case")
     parser.add_argument("--cases", help='"SPEC SHAPE DTYPE TARGET;..." (default: all)')
     args = parser.parse_args(argv)
+    cases = parse_cases(args.cases) if args.cases else default_cases()
+    print(table(run_cases(measure, cases, args.json)))
+    return 0
+
+
+def run_cases(
+    measure: Callable[..., dict[str, Any]],
+    cases: Iterable[tuple[str, str, str, str]],
+    json_path: str | None,
+) -> list[dict[str, Any]]:
+    """Each case's row, ``measure(spec, shape, dtype, target)``, printed as a JSON line and
+    appended to ``json_path``; a case that raises gets a row with its error."""
     rows = []
-    for spec, shape, dtype, target in parse_cases(args.cases) if args.cases else default_cases():
+    for spec, shape, dtype, target in cases:
         try:
             row = measure(spec, shape, dtype, target)
         except Exception as err:  # one case's failure is a row, not the end of the run
@@ -179,11 +190,17 @@ def main(argv: list[str]) -> int:
                    "error": f"{type(err).__name__}: {err}"}  # fmt: skip
         print(json.dumps(row), flush=True)
         rows.append(row)
-        if args.json:
-            with open(args.json, "a") as f:
+        if json_path:
+            with open(json_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
-    print(table(rows))
-    return 0
+    return rows
+
+
+def error_line(row: dict[str, Any], cells: int) -> str:
+    """A table line for a case that raised: its spec, shape, dtype and target, then its
+    error and ``cells`` more cells left empty."""
+    return (f"| {row['spec']} | {row['shape']} | {row['dtype']} | {row['target']} | "
+            f"error: {row['error'][:80]} |" + " |" * cells)  # fmt: skip
 
 
 if __name__ == "__main__":

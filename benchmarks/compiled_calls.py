@@ -15,13 +15,13 @@ case, then a table.
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from calls import DTYPES, issue_us, parse_cases  # benchmarks/: the script's own folder
+from calls import DTYPES, error_line, issue_us, parse_cases, run_cases  # benchmarks/: its folder
 
 import attncc
 from attncc.bench import Shape, anchor_runners, bench_inputs, sizes_for, visible_fraction
@@ -82,8 +82,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['spec']} | {r['shape']} | {r['dtype']} | {r['target']} | "
-                         f"error: {r['error'][:80]} | |")  # fmt: skip
+            lines.append(error_line(r, 1))
             continue
         anchor = (
             f"{r['anchor']} {r['anchor_eager_cpu_us']:.1f} / {r['anchor_compiled_cpu_us']:.1f}"
@@ -105,19 +104,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cases", help='"SPEC SHAPE DTYPE TARGET;..." (default: three)')
     parser.add_argument("--grad", action="store_true", help="also a compiled call in grad mode")
     args = parser.parse_args(argv)
-    rows = []
-    for spec, shape, dtype, target in parse_cases(args.cases) if args.cases else CASES:
-        try:
-            row = measure(spec, shape, dtype, target, args.grad)
-        except Exception as err:  # one case's failure is a row, not the end of the run
-            row = {"spec": spec, "shape": shape, "dtype": dtype, "target": target,
-                   "error": f"{type(err).__name__}: {err}"}  # fmt: skip
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-        if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps(row) + "\n")
-    print(table(rows))
+    cases = parse_cases(args.cases) if args.cases else CASES
+    print(table(run_cases(functools.partial(measure, grad=args.grad), cases, args.json)))
     return 0
 
 
