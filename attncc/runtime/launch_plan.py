@@ -159,12 +159,12 @@ class FusedPlan:
     launch before it (a tile index's builder; split-KV's chunks before their combination),
     prepared (attncc.runtime.driver.Launch) with their pointer parameters (and K's and V's
     tensor maps) left as slots. Calling it with a call's inputs allocates the outputs
-    (``allocate``) and the call's ``buffers`` (shape, dtype: a tile index, partial
-    results), converts integer inputs to their declared width (``conversions``), fills the
-    slots and issues the launches: each takes the call's ``pointers`` then its buffers' (the
-    attention kernel then its maps); it returns None, having launched nothing, where the
-    calling thread's CUDA context is not the plan's or a map cannot be encoded: the caller
-    then takes the full path."""
+    (``allocate``; its first call also the ``buffers``, shape and dtype each: a tile index,
+    partial results, kept for later calls), converts integer inputs to their declared width
+    (``conversions``), fills the slots and issues the launches: each takes the call's
+    ``pointers`` then the buffers' (the attention kernel then its maps); it returns None,
+    having launched nothing, where the calling thread's CUDA context is not the plan's or a
+    map cannot be encoded: the caller then takes the full path."""
 
     def __init__(
         self,
