@@ -356,8 +356,8 @@ def test_compiled_callers_repeated_calls_replay_from_c(
     target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A torch.compile'd caller's op calls take the C replay as eager calls do: after its
-    first call, none goes through the plans' Python (Kernel._launch), and each gives what
-    an eager call gives."""
+    first call, none goes through the plans' Python (Kernel._launch) or a redispatch from
+    the op's autograd kernel, and each gives what an eager call gives."""
     kernel = attncc.compile(EXAMPLE_DIR / "causal.attn", target=target)
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 8, 256, 64, generator=gen).half().cuda() for _ in range(3))
@@ -372,6 +372,13 @@ def test_compiled_callers_repeated_calls_replay_from_c(
             return original(*args)
 
         monkeypatch.setattr(kernel, "_launch", counted)
+        redispatch = torch._ops.OpOverload.redispatch
+
+        def counted_redispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
+            launches.append(2)
+            return redispatch(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch._ops.OpOverload, "redispatch", counted_redispatch)
         outs = [layer(q, k, v) for _ in range(3)]
     assert launches == []
     eager = kernel(q, k, v)
