@@ -315,3 +315,36 @@ def test_fp32_calls_follow_pytorchs_tf32_setting_even_when_replayed() -> None:
         assert kernel.launch_path(q, q, q) == "replay"
     finally:
         matmul.fp32_precision = before
+
+
+class _StreamPlan:
+    """A stand-in plan: bound to ``stream`` (None: it serves every stream)."""
+
+    def __init__(self, stream: int | None) -> None:
+        self.stream = stream
+
+    def serves(self, stream: int) -> bool:
+        return self.stream is None or stream == self.stream
+
+
+def test_a_geometry_serves_each_stream_its_own_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A geometry whose plan is bound to the stream it was recorded on (it holds buffers kept
+    per stream) serves another stream only the plan recorded there, and keeps those of its
+    latest _STREAM_PLANS streams; a plan bound to none serves every stream."""
+    from attncc.runtime import kernel as kernel_module
+
+    current = [5]
+    monkeypatch.setattr(kernel_module, "_RAW_STREAM", lambda index: current[0])
+    geometry = kernel_module._Geometry({}, torch.float16, torch.device("cuda", 0), {}, {})
+    geometry.plan = _StreamPlan(5)  # type: ignore[assignment]
+    assert geometry.serving() is geometry.plan
+    current[0] = 7
+    assert geometry.serving() is None
+    geometry.remember_stream_plan(_StreamPlan(7))  # type: ignore[arg-type]
+    assert geometry.serving().stream == 7  # type: ignore[union-attr]
+    for stream in range(100, 100 + kernel_module._STREAM_PLANS):
+        geometry.remember_stream_plan(_StreamPlan(stream))  # type: ignore[arg-type]
+    assert geometry.serving() is None  # the oldest dropped
+    assert len(geometry.stream_plans) == kernel_module._STREAM_PLANS
+    geometry.plan = _StreamPlan(None)  # type: ignore[assignment]
+    assert geometry.serving() is geometry.plan
