@@ -277,24 +277,18 @@ class Kernel:
             geometry.precision = self._fp32_precision(dtype)
             if key is not None:
                 # the first call of a geometry is recorded; later ones replay it
-                with interpreter(on_cpu):
-                    result, geometry.plan, geometry.refusal = triton_plan.record(
-                        module,
-                        lambda: geometry.launch(module, tensors, return_lse),
-                        tensors,
-                        compiled=not on_cpu,
-                    )
+                result, geometry.plan, geometry.refusal = geometry.record(
+                    module, tensors, return_lse, on_cpu
+                )
                 self._geometries.remember(key, geometry)
-                return result  # type: ignore[return-value]  # (out, lse)
+                return result  # type: ignore[no-any-return]  # (out, lse)
         other_stream = plan is None and geometry.plan is not None and not on_cpu
         if other_stream and not torch.cuda.is_current_stream_capturing():
             # the plan serves another stream: this stream's first call is recorded too
-            result, stream_plan, _ = triton_plan.record(
-                module, lambda: geometry.launch(module, tensors, return_lse), tensors, True
-            )
+            result, stream_plan, _ = geometry.record(module, tensors, return_lse, False)
             if stream_plan is not None:
                 geometry.remember_stream_plan(stream_plan)
-            return result  # type: ignore[return-value]  # (out, lse)
+            return result  # type: ignore[no-any-return]  # (out, lse)
         with interpreter(on_cpu):
             return geometry.launch(module, tensors, return_lse)
 
@@ -486,6 +480,15 @@ class _Geometry:
         launch: Callable[..., tuple[torch.Tensor, torch.Tensor]] = module._launch
         args = (dict(self.params), return_lse, self.sizes, self.dtype, self.device, self.config)
         return launch(tensors, *args)
+
+    def record(
+        self, module: ModuleType, tensors: dict[str, Any], return_lse: bool, on_cpu: bool
+    ) -> tuple[Any, triton_plan.TritonPlan | None, str | None]:
+        """A call through ``launch``, recorded: its result, its plan (or None) and why not."""
+        with interpreter(on_cpu):
+            return triton_plan.record(
+                module, lambda: self.launch(module, tensors, return_lse), tensors, not on_cpu
+            )
 
 
 def _param_sites(spec: CheckedSpec) -> dict[str, str]:
