@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import torch._dynamo.testing
 
 import attncc
 
@@ -66,11 +67,35 @@ def test_dynamic_shapes_compile_once_per_rank() -> None:
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return kernel(q, k, v, window=5) + 1
 
-    compiled_fn = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
-    for m, n in ((17, 17), (33, 40), (5, 70)):
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled_fn = torch.compile(fn, fullgraph=True, dynamic=True, backend=counter)
+    for m, n in ((17, 23), (33, 40), (5, 70)):
         q, k, v = qkv(m, n)
         eager = fn(q, k, v)
         torch.testing.assert_close(compiled_fn(q, k, v), eager, rtol=0, atol=0)
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_new_sequence_lengths_do_not_recompile_a_compiled_caller(dynamic: bool | None) -> None:
+    """A compiled caller traces the kernel's sizes symbolically: torch.compile's automatic
+    dynamic shapes recompile once for a second length (dynamic=True: never), as for any
+    ATen op, rather than once per length (a prefill of each prompt length, a decode step of
+    each cache length) until dynamo's recompile limit sends the caller back to eager."""
+    prefill = compiled("causal", "fused")
+    decode = compiled("decode", "default")  # split-KV
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        lengths = torch.full((2,), k.shape[2] - 1, dtype=torch.int32)
+        step = decode(q[:, :, -1], k.transpose(1, 2), v.transpose(1, 2), lengths)
+        return prefill(q, k, v) + step[:, :, None]
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled_fn = torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=counter)
+    for n in (9, 13, 17, 21):
+        q, k, v = (randn(2, 2, n, 16, seed=seed) for seed in (1, 2, 3))
+        torch.testing.assert_close(compiled_fn(q, k, v), fn(q, k, v), rtol=0, atol=0)
+    assert counter.frame_count == (1 if dynamic else 2)
 
 
 def test_fullgraph_compile_of_a_kernel_never_called_eagerly() -> None:
