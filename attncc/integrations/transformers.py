@@ -19,7 +19,6 @@ transformers is imported here only, never by ``import attncc``.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -97,10 +96,29 @@ _SPEC_BY_FLAGS: dict[tuple[str, bool, bool, bool, bool], str] = {
 }
 
 
-@functools.cache
+# the packaged specs compiled so far, and their places in _KERNELS by name
+_KERNELS: list[Kernel] = []
+_KERNEL_INDEX: dict[str, int] = {}
+
+
+def _kernel_index(spec_name: str) -> int:
+    """Where ``kernel`` finds the compiled spec, compiling it on its first call. torch.compile
+    calls this while it traces, as a constant (a spec's compile reads files: traced, it broke
+    every attention layer's graph), and takes the kernel from the list by that index."""
+    index = _KERNEL_INDEX.get(spec_name)
+    if index is None:
+        _KERNELS.append(compile_spec(SPECS / f"{spec_name}.attn"))
+        index = _KERNEL_INDEX[spec_name] = len(_KERNELS) - 1
+    return index
+
+
+# (marks the function itself, returning it)
+torch.compiler.assume_constant_result(_kernel_index)  # type: ignore[no-untyped-call]
+
+
 def kernel(spec_name: str) -> Kernel:
     """The compiled packaged spec ``attncc/specs/<spec_name>.attn``, once per process."""
-    return compile_spec(SPECS / f"{spec_name}.attn")
+    return _KERNELS[_kernel_index(spec_name)]
 
 
 def register() -> None:
@@ -110,6 +128,7 @@ def register() -> None:
 
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, attention_mask)
+    _import_masking_utils()
 
 
 # -- the mask function -------------------------------------------------------------------
@@ -126,13 +145,23 @@ def _closure(fn: Any) -> dict[str, Any]:
 _WINDOW_OVERLAY = "sliding_window_overlay.<locals>.inner_mask"
 
 
-@functools.cache
+# transformers.masking_utils, imported by register() (never by ``import attncc``), not by
+# each call: a function-level import costs ~2 us, paid by each forward's mask. A module
+# global rather than a functools.cache, which torch.compile traces around with a warning
+_MASKING_UTILS: Any = None
+
+
 def _masking_utils() -> Any:
-    # imported on the first call (never by ``import attncc``), not on every call: a
-    # function-level import costs ~2 us, paid by each forward's mask
+    if _MASKING_UTILS is None:
+        _import_masking_utils()
+    return _MASKING_UTILS
+
+
+def _import_masking_utils() -> None:
+    global _MASKING_UTILS
     from transformers import masking_utils
 
-    return masking_utils
+    _MASKING_UTILS = masking_utils
 
 
 def _pattern(mask_function: Any) -> tuple[bool, int | None] | None:
@@ -172,8 +201,10 @@ def attention_mask(
     mu = _masking_utils()
     if isinstance(attention_mask, AttnccMask):
         return attention_mask  # built by generate() for this very step (see AttnccMask.ndim)
-    # a static cache passes its query offset as a tensor so compiled graphs do not break
-    q_start = int(q_offset)
+    # a static cache passes its query offset as a tensor so compiled graphs do not break;
+    # an int stays as given: under torch.compile it may be symbolic (a dynamic cache's
+    # length), and int() would pin the graph to this step's length
+    q_start = int(q_offset) if isinstance(q_offset, torch.Tensor) else q_offset
     if mask_function is None:
         mask_function = mu.causal_mask_function
     pattern = _pattern(mask_function)
@@ -199,7 +230,9 @@ def attention_mask(
         padded = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
         assert padded is not None
         padding = padded[:, kv_offset : kv_offset + kv_length]
-        if bool(padding.all()):
+        # a mask of no padding runs the unpadded spec; a compiled model keeps the padded
+        # one, as reading the mask's values would break its graph
+        if not torch.compiler.is_compiling() and bool(padding.all()):
             padding = None
     return AttnccMask(causal, window, q_start - kv_offset, key_padding=padding)
 

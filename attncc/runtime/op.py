@@ -31,11 +31,17 @@ _LIBRARY = torch.library.Library("attncc", "FRAGMENT")  # type: ignore[no-untype
 _REGISTERED: dict[str, Any] = {}
 
 
+def _scalar_type(param_type: str) -> str:
+    """A param's schema type: integer params are SymInt, so a compiled caller may pass one it
+    traces symbolically (a cache's length as a query offset) without pinning the graph to
+    its value."""
+    return "float" if param_type == "float" else "SymInt"
+
+
 def _schema(kernel: AttentionKernel) -> str:
     args = [f"Tensor t_{safe_name(t.name)}" for t in kernel.tensors]
     for p in kernel.params:
-        scalar = "float" if p.type == "float" else "int"
-        args.append(f"{scalar}? p_{safe_name(p.name)}=None")
+        args.append(f"{_scalar_type(p.type)}? p_{safe_name(p.name)}=None")
     args.append("bool return_lse=False")
     return f"({', '.join(args)}) -> (Tensor, Tensor)"
 
@@ -124,7 +130,7 @@ def _register_backward(
     bwd_name = f"{op_name}_bwd"
     args = [f"Tensor t_{safe_name(t.name)}" for t in kernel.tensors]
     for p in kernel.params:
-        args.append(f"{'float' if p.type == 'float' else 'int'}? p_{safe_name(p.name)}")
+        args.append(f"{_scalar_type(p.type)}? p_{safe_name(p.name)}")
     # needs: which of ``ops.floats`` the caller wants a gradient of (the others come back
     # empty; side inputs without one let the sm_90a backward take the call)
     args += ["Tensor out", "Tensor lse", "Tensor grad_out", "Tensor grad_lse", "bool[] needs"]

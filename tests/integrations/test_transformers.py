@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
+import torch._dynamo.testing
 import transformers
 from transformers import (
     AutoModel,
@@ -374,3 +376,32 @@ def test_static_cache_decode(family: str) -> None:
     assert torch.equal(got.sequences, want.sequences)
     for step_got, step_want in zip(got.logits, want.logits, strict=True):
         torch.testing.assert_close(step_got, step_want, **TOL)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_compiled_model_compiles_as_often_as_with_sdpa(cache: str) -> None:
+    """torch.compile over an attncc model traces every layer's attention whole (a spec's
+    first compile reads files: traced, it broke each layer's graph) and compiles as often as
+    the sdpa model: the query offset a new cache length brings is traced as a symbolic int,
+    not a constant that recompiles every decoding step (dynamo's recompile limit would then
+    send the model back to eager)."""
+    ids, mask = batch(padded=True)
+    args: dict[str, Any] = dict(
+        attention_mask=mask,
+        max_new_tokens=5,
+        do_sample=False,
+        cache_implementation="static" if cache == "static" else None,
+    )
+    frames = {}
+    tokens = {}
+    for model in pair("llama"):
+        torch._dynamo.reset()
+        counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+        model.forward = torch.compile(model.forward, backend=counter)
+        tokens[model.config._attn_implementation] = model.generate(ids, **args)
+        frames[model.config._attn_implementation] = counter.frame_count
+    assert torch.equal(tokens["attncc"], tokens["sdpa"])
+    assert frames["attncc"] == frames["sdpa"], frames
+    ours, _ = pair("llama")
+    explained = torch._dynamo.explain(ours)(ids, attention_mask=mask, use_cache=False)
+    assert explained.graph_break_count == 0, explained.break_reasons

@@ -81,14 +81,15 @@ def test_new_sequence_lengths_do_not_recompile_a_compiled_caller(dynamic: bool |
     """A compiled caller traces the kernel's sizes symbolically: torch.compile's automatic
     dynamic shapes recompile once for a second length (dynamic=True: never), as for any
     ATen op, rather than once per length (a prefill of each prompt length, a decode step of
-    each cache length) until dynamo's recompile limit sends the caller back to eager."""
-    prefill = compiled("causal", "fused")
+    each cache length) until dynamo's recompile limit sends the caller back to eager. An int
+    param computed from a traced length (a window, a query offset) is traced as one too."""
+    prefill = compiled("sliding_window", "fused")
     decode = compiled("decode", "default")  # split-KV
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         lengths = torch.full((2,), k.shape[2] - 1, dtype=torch.int32)
         step = decode(q[:, :, -1], k.transpose(1, 2), v.transpose(1, 2), lengths)
-        return prefill(q, k, v) + step[:, :, None]
+        return prefill(q, k, v, window=k.shape[2] // 2) + step[:, :, None]
 
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     compiled_fn = torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=counter)
