@@ -13,10 +13,15 @@ soft-capping or sinks, flex_attention where it has no support) is an error row, 
     python3 benchmarks/hf_e2e.py [--family llama] [--impls sdpa,attncc,flex_attention]
                                  [--prefill 2048] [--decode 64] [--batch 1] [--json FILE]
     python3 benchmarks/hf_e2e.py --tiny     # CPU, seconds: the same code at toy sizes
+    python3 benchmarks/hf_e2e.py --compile reduce-overhead --cache static   # torch.compile
     python3 benchmarks/hf_e2e.py --table FILE   # a --json file's table, attncc beside the others
 
 Each implementation runs once untimed (compiling attncc's kernels and flex's graphs), then
---rounds timed rounds, keeping each phase's best.
+--rounds timed rounds, keeping each phase's best. ``--compile MODE`` runs the model's forward
+through ``torch.compile(mode=MODE)`` (reset between implementations); its rows add the
+graphs dynamo compiled and its graph breaks over the untimed and timed rounds. ``--cache
+static`` decodes through a StaticCache of prefill + decode slots (transformers' cache for
+compiled decoding) instead of a DynamicCache.
 """
 
 from __future__ import annotations
@@ -162,6 +167,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--compile",
+        default=None,
+        metavar="MODE",
+        help="torch.compile the model's forward in this mode (default, reduce-overhead, ...)",
+    )
+    ap.add_argument("--cache", choices=("dynamic", "static"), default="dynamic")
     ap.add_argument("--json", type=Path, default=None, help="append one JSON line per impl")
     ap.add_argument(
         "--table", type=Path, default=None, help="print the table of a --json file and stop"
@@ -194,14 +206,18 @@ def sync(device: torch.device) -> None:
 
 
 def run_once(
-    model: Any, prompt: torch.Tensor, steps: int, every_position: bool = False
+    model: Any, prompt: torch.Tensor, steps: int, every_position: bool = False, static: bool = False
 ) -> tuple[float, float, torch.Tensor, torch.Tensor]:
     """(prefill seconds, decode seconds, prefill logits, greedy tokens); the logits of the
-    last position [B, V], or with ``every_position`` of each [B, S, V]."""
-    from transformers import DynamicCache
+    last position [B, V], or with ``every_position`` of each [B, S, V]. ``static``: through a
+    StaticCache of every position's slot."""
+    from transformers import DynamicCache, StaticCache
 
     device = prompt.device
-    cache = DynamicCache(config=model.config)
+    if static:
+        cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + steps + 1)
+    else:
+        cache = DynamicCache(config=model.config)
     sync(device)
     start = time.perf_counter()
     out = model(prompt, cache=cache, use_cache=True, logits_to_keep=0 if every_position else 1)
@@ -230,15 +246,35 @@ def timed(
 ) -> tuple[float, float, torch.Tensor, torch.Tensor]:
     """(best prefill s, best decode s, prefill logits, greedy tokens) of one implementation."""
     model.set_attn_implementation(impl)
-    with torch.no_grad():
-        # untimed: compiles; every position's logits, for the agreement with the reference
-        _, _, logits, tokens = run_once(model, prompt, args.decode, every_position=True)
-        best_prefill = best_decode = float("inf")
-        for _ in range(args.rounds):
-            prefill_s, decode_s, _, _ = run_once(model, prompt, args.decode)
-            best_prefill = min(best_prefill, prefill_s)
-            best_decode = min(best_decode, decode_s)
+    static = args.cache == "static"
+    if args.compile:
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        model.forward = torch.compile(type(model).forward.__get__(model), mode=args.compile)
+    try:
+        with torch.no_grad():
+            # untimed: compiles; every position's logits, for the agreement with the reference
+            _, _, logits, tokens = run_once(
+                model, prompt, args.decode, every_position=True, static=static
+            )
+            best_prefill = best_decode = float("inf")
+            for _ in range(args.rounds):
+                prefill_s, decode_s, _, _ = run_once(model, prompt, args.decode, static=static)
+                best_prefill = min(best_prefill, prefill_s)
+                best_decode = min(best_decode, decode_s)
+    finally:
+        if args.compile:
+            del model.forward  # the class's again
     return best_prefill, best_decode, logits, tokens
+
+
+def compile_counts() -> dict[str, int]:
+    """The graphs dynamo compiled and the graph breaks it took since the last reset."""
+    counters = torch._dynamo.utils.counters
+    return {
+        "compiled_graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }
 
 
 def table(path: Path) -> str:
@@ -348,6 +384,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             "head_dim": getattr(config, "head_dim", None)
             or config.hidden_size // config.num_attention_heads,
             "params": params,
+            "cache": args.cache,
+            "compile": args.compile,
         }
         try:
             best_prefill, best_decode, logits, tokens = timed(model, impl, prompt, args)
@@ -378,10 +416,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 "greedy_tokens_agreeing": int(agree),
                 "reference": first[0],
             }
+            compiled = ""
+            if args.compile:
+                row |= compile_counts()
+                compiled = f" {row['compiled_graphs']} graphs, {row['graph_breaks']} breaks"
             rows.append(row)
             print(
                 f"{impl:>15} {row['prefill_tok_s']:>14.0f} {row['decode_tok_s']:>13.1f} "
                 f"{logit_diff:>11.3g} {median_diff:>11.3g} {agree:>5}/{args.decode + 1:<6}"
+                + compiled
             )
         if args.json is not None:
             with args.json.open("a") as f:

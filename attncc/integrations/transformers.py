@@ -44,7 +44,7 @@ class AttnccMask:
 
     causal: bool
     window: int | None
-    offset: int
+    offset: int | torch.Tensor  # a tensor only on the way to `dense` (a compiled static cache)
     key_padding: torch.Tensor | None = None
     dense: torch.Tensor | None = None
     # generate() builds the mask ahead of the forward for static caches and passes it back in
@@ -201,10 +201,13 @@ def attention_mask(
     mu = _masking_utils()
     if isinstance(attention_mask, AttnccMask):
         return attention_mask  # built by generate() for this very step (see AttnccMask.ndim)
-    # a static cache passes its query offset as a tensor so compiled graphs do not break;
-    # an int stays as given: under torch.compile it may be symbolic (a dynamic cache's
-    # length), and int() would pin the graph to this step's length
-    q_start = int(q_offset) if isinstance(q_offset, torch.Tensor) else q_offset
+    # a static cache passes its query offset as a tensor so compiled graphs do not break:
+    # read here, except under torch.compile, where the mask is built from it on the device
+    # (below; reading it would break the graph). An int stays as given: under torch.compile
+    # it may be symbolic (a dynamic cache's length), and int() would pin the graph to it
+    if isinstance(q_offset, torch.Tensor) and not torch.compiler.is_compiling():
+        q_offset = int(q_offset)
+    q_start = q_offset
     if mask_function is None:
         mask_function = mu.causal_mask_function
     pattern = _pattern(mask_function)
@@ -234,7 +237,11 @@ def attention_mask(
         # one, as reading the mask's values would break its graph
         if not torch.compiler.is_compiling() and bool(padding.all()):
             padding = None
-    return AttnccMask(causal, window, q_start - kv_offset, key_padding=padding)
+    mask = AttnccMask(causal, window, q_start - kv_offset, key_padding=padding)
+    if isinstance(q_start, torch.Tensor):
+        dense = _dense_from_flags(mask, batch_size, q_length, kv_length, q_start.device)
+        return AttnccMask(True, None, 0, dense=dense)
+    return mask
 
 
 # -- the attention function --------------------------------------------------------------

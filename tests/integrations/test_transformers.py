@@ -405,3 +405,29 @@ def test_a_compiled_model_compiles_as_often_as_with_sdpa(cache: str) -> None:
     ours, _ = pair("llama")
     explained = torch._dynamo.explain(ours)(ids, attention_mask=mask, use_cache=False)
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_a_compiled_step_over_a_static_cache_keeps_its_graph_whole() -> None:
+    """A decoding step of a compiled forward over a StaticCache (outside generate(), which
+    builds the masks ahead): transformers passes the query offset as a tensor, which the
+    mask function turns into a dense mask on the device rather than read it (a graph break),
+    with the eager step's logits."""
+    from transformers import StaticCache
+
+    ours, _ = pair("llama")
+    ids, _ = batch(padded=False)
+
+    def step(model: Any, cache: Any, token: torch.Tensor) -> torch.Tensor:
+        return model(token, cache=cache, use_cache=True).logits
+
+    def prefilled() -> tuple[Any, torch.Tensor]:
+        cache = StaticCache(config=ours.config, max_cache_len=16)
+        return cache, ours(ids, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(step)(ours, *prefilled())
+        assert explained.graph_break_count == 0, explained.break_reasons
+        want = step(ours, *prefilled())
+        got = torch.compile(step, backend="aot_eager")(ours, *prefilled())
+    torch.testing.assert_close(got, want, **TOL)
