@@ -386,6 +386,33 @@ def test_compiled_callers_repeated_calls_replay_from_c(
 
 
 @pytest.mark.parametrize("target", ["auto", "cuda"])
+def test_a_compiled_decode_loop_compiles_twice_over_growing_caches(target: str) -> None:
+    """torch.compile (inductor) over a decode step whose cache grows by a token a step, and
+    a prefill of the same length: the caller compiles for the first length and once more
+    for every later one (the lengths traced symbolically), and each step gives the eager
+    call's output, on either target's kernels."""
+    import torch._dynamo.testing
+
+    prefill = attncc.compile(EXAMPLE_DIR / "causal.attn", target=target)  # type: ignore[arg-type]
+    decode = attncc.compile(EXAMPLE_DIR / "decode.attn", target=target)  # type: ignore[arg-type]
+
+    def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        lengths = torch.full((2,), k.shape[2], dtype=torch.int32, device=k.device)
+        out = decode(q[:, :, -1], k.transpose(1, 2), v.transpose(1, 2), lengths)
+        return prefill(q, k, v), out
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(step, backend=counter)
+    gen = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for n in (1000, 1001, 1002, 1003):
+            q, k, v = (torch.randn(2, 8, n, 64, generator=gen).bfloat16().cuda() for _ in range(3))
+            torch.testing.assert_close(compiled(q, k, v), step(q, k, v), rtol=0, atol=0)
+    assert counter.frame_count == 2
+
+
+@pytest.mark.parametrize("target", ["auto", "cuda"])
 def test_a_captured_decode_counts_in_counters_zeroed_before_the_capture(target: str) -> None:
     """A CUDA graph captured after an eager call: its call's arrival counters are the spare
     buffer that eager call zeroed (no fill captured into the graph, where each replay
