@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [coldrounds] [calls] [compiled] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [coldrounds] [calls] [compiled] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [hfcompile] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -400,6 +400,26 @@ if has hf; then
     python3 benchmarks/hf_e2e.py --table "$OUT/hf_e2e_$gpu.jsonl" | tee "$OUT/hf_e2e_$gpu.txt"
     # the integration's own tests run on the CPU in `make test`: not here, where numpy is
     # too new for Triton 3.6's interpreter (../shared/DEVICE.md)
+fi
+
+if has hfcompile; then
+    # transformers under torch.compile (benchmarks/hf_e2e.py --compile): llama, batch 1, a
+    # 512-token prompt and 32 greedy steps, sdpa and attncc, eager and compiled (inductor's
+    # default mode) over a DynamicCache and a StaticCache; each compiled row says how many
+    # graphs dynamo compiled and how many graph breaks it took
+    if ! python3 -c "import transformers" 2>/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+        export PYTHONPATH=/tmp/site:$PWD
+    fi
+    for cache in dynamic static; do
+        for mode in eager default; do
+            compile=()
+            [ "$mode" = eager ] || compile=(--compile "$mode")
+            timeout "${HF_TIMEOUT:-150}" python3 benchmarks/hf_e2e.py --family llama --batch 1 \
+                --prefill 512 --decode 32 --impls sdpa,attncc --cache "$cache" "${compile[@]}" \
+                --json "$OUT/hf_compile_$gpu.jsonl" 2>&1 | grep -vE "Warning|warn\(" | tee -a "$OUT/hf_compile_$gpu.log"
+        done
+    done
 fi
 
 if has varlen; then
