@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [coldrounds] [calls] [compiled] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [hfcompile] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [coldrounds] [calls] [compiled] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [hfcompile] [growing] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -419,6 +419,15 @@ if has hfcompile; then
                 --prefill 512 --decode 32 --impls sdpa,attncc --cache "$cache" "${compile[@]}" \
                 --json "$OUT/hf_compile_$gpu.jsonl" 2>&1 | grep -vE "Warning|warn\(" | tee -a "$OUT/hf_compile_$gpu.log"
         done
+    done
+fi
+
+if has growing; then
+    # decode calls over a cache growing a token a call (benchmarks/growing_cache.py): the CPU
+    # time a call of lengths attncc has not seen, beside repeated calls of one length, for
+    # auto's kernels, the CUDA target's and FA2
+    for target in auto cuda; do
+        python3 benchmarks/growing_cache.py --target "$target" 2>&1 | grep -v -i warn | tee -a "$OUT/growing_cache_$gpu.txt"
     done
 fi
 

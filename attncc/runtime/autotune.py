@@ -112,6 +112,10 @@ def _shapes(tensors: dict[str, Any], return_lse: bool) -> tuple[Any, ...]:
     return (*((t.shape, t.dtype) for t in tensors.values()), return_lse)
 
 
+# the shapes whose chosen configuration ``Tuner.chosen`` answers for: the latest ones
+_CHOSEN_KEPT = 256
+
+
 def _bucket(n: int) -> int:
     return 1 << max(0, (max(n, 1) - 1).bit_length())
 
@@ -142,6 +146,8 @@ class Tuner:
         self._injected = timer is not None
         self.path = cache_dir() / "tuning" / f"{module_stem}.json"
         self._by_shapes: dict[tuple[Any, ...], dict[str, int]] = {}
+        # the tuning file's entries as last read, with the (mtime, size) they were read at
+        self._loaded: tuple[tuple[int, int], dict[str, dict[str, int]]] | None = None
         self.tuned = 0  # how many tunings this process ran (tests and the bench read it)
         self.sources: dict[str, int] = {"tuned": 0, "table": 0}  # where choices came from
 
@@ -165,14 +171,26 @@ class Tuner:
         )
 
     def _load(self) -> dict[str, dict[str, int]]:
+        """The tuning file's entries, read again only where the file changed since: each new
+        call geometry looks them up, and reading and parsing the file took 58 us of a decode
+        call whose cache grows a token a call (H200, benchmarks/growing_cache.py)."""
+        try:
+            status = self.path.stat()
+        except OSError:
+            return {}
+        stamp = (status.st_mtime_ns, status.st_size)
+        if self._loaded is not None and self._loaded[0] == stamp:
+            return self._loaded[1]
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
-        return data if isinstance(data, dict) else {}
+        entries = data if isinstance(data, dict) else {}
+        self._loaded = (stamp, entries)
+        return entries
 
     def _store(self, key: str, config: dict[str, int]) -> None:
-        merged = self._load()
+        merged = dict(self._load())
         merged[key] = config
         atomic_write(self.path, json.dumps(merged, indent=1, sort_keys=True))
 
@@ -204,7 +222,10 @@ class Tuner:
         else:
             self.sources["table"] += 1
             found = heuristics.config_for(self.kernel, sizes, dtype, device)
-        self._by_shapes[_shapes(tensors, return_lse)] = found
+        chosen = self._by_shapes
+        chosen[_shapes(tensors, return_lse)] = found
+        while len(chosen) > _CHOSEN_KEPT:  # a cache growing a token a call: a shape each
+            del chosen[next(iter(chosen))]
         return found
 
     def config(

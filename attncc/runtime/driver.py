@@ -153,9 +153,22 @@ def resident_blocks(kernel: Kernel, device_index: int, threads: int) -> int:
 _INVALID_VALUE = 1
 
 
+# parameter_sizes' answers by function handle: a launch prepared for each new call geometry
+# asked the driver once a parameter (32 calls through ctypes for a split-KV kernel). The
+# functions stay loaded for the process (triton_launch keeps them), so a handle never comes
+# to name another function
+_PARAMETER_SIZES: dict[int, list[int] | None] = {}
+
+
 def parameter_sizes(function: int) -> list[int] | None:
     """The byte size of each of a loaded function's parameters, in order; None where the
     driver cannot list them (before CUDA 12.4)."""
+    if function not in _PARAMETER_SIZES:
+        _PARAMETER_SIZES[function] = _listed_parameter_sizes(function)
+    return _PARAMETER_SIZES[function]
+
+
+def _listed_parameter_sizes(function: int) -> list[int] | None:
     cuda = lib()
     if not hasattr(cuda, "cuFuncGetParamInfo"):
         return None

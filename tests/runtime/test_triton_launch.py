@@ -196,3 +196,24 @@ def test_a_kernel_the_driver_cannot_run_as_configured_keeps_tritons_launch(
     monkeypatch.setattr(triton_launch, "_LOADED", {})
     refusal = triton_launch.loaded_function(_cubin(shared=232448), 0)
     assert isinstance(refusal, str) and why in refusal
+
+
+def test_a_functions_parameter_sizes_are_asked_of_the_driver_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each new call geometry prepares its launches again; the kernel's parameter list is
+    the function's, so the driver is asked once a function, not once a launch."""
+    asked: list[tuple[int, int]] = []
+
+    def info(function: Any, index: int, offset: Any, size: Any) -> int:
+        asked.append((function.value, index))
+        if index == 3:
+            return driver._INVALID_VALUE
+        ctypes.cast(size, ctypes.POINTER(ctypes.c_size_t))[0] = 8 if index else 4
+        return 0
+
+    monkeypatch.setattr(driver, "lib", lambda: SimpleNamespace(cuFuncGetParamInfo=info))
+    monkeypatch.setattr(driver, "_PARAMETER_SIZES", {})
+    assert [driver.parameter_sizes(0x1000) for _ in range(3)] == [[4, 8, 8]] * 3
+    assert driver.parameter_sizes(0x2000) == [4, 8, 8]
+    assert asked == [(0x1000, i) for i in range(4)] + [(0x2000, i) for i in range(4)]

@@ -131,3 +131,36 @@ def test_the_cli_refuses_bad_arguments_before_the_gpu(
     assert main(["tune", str(CAUSAL), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_the_tuning_file_is_read_again_only_once_it_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every new call geometry looks its tuned entry up (a decode call over a cache growing a
+    token a call: one each call); the file is parsed again only after it changed, as when
+    another process tuned, and the record of chosen configurations keeps the latest shapes."""
+    kernel = attncc.compile(CAUSAL)
+    tune_shapes(kernel, [Shape.parse("1,2,40,32")], torch.float32, _cpu_inputs(), _prefers_wide)
+    later = attncc.compile(CAUSAL)
+    reads: list[Path] = []
+    read_text = Path.read_text
+
+    def counted(path: Path, *args: Any, **kwargs: Any) -> str:
+        reads.append(path)
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    for length in range(33, 64):  # one bucket: the tuned pick each time
+        assert later.launch_config(*_args(1, 2, length, 32))["BLOCK_N"] == 128
+    assert reads == [later.tuner.path]
+    other = attncc.compile(CAUSAL)  # another process's tuning of another bucket
+    tune_shapes(other, [Shape.parse("1,2,100,32")], torch.float32, _cpu_inputs(), _prefers_wide)
+    reads.clear()
+    assert later.launch_config(*_args(1, 2, 100, 32))["BLOCK_N"] == 128
+    assert later.launch_config(*_args(1, 2, 101, 32))["BLOCK_N"] == 128
+    assert reads == [later.tuner.path]
+    assert later.tuner.sources == {"tuned": 33, "table": 0}
+    monkeypatch.setattr(autotune, "_CHOSEN_KEPT", 4)
+    for length in range(33, 41):
+        later.launch_config(*_args(1, 2, length, 32))
+    assert len(later.tuner._by_shapes) == 4
