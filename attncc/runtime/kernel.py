@@ -86,6 +86,10 @@ class Kernel:
         self._geometries = Plans()
         self._falls_back = Plans()
         self._replays = Plans()
+        # geometries recorded so far, and (past _FIRST_SIGHT_RECORDS) the keys of those seen
+        # once and launched unrecorded (_records)
+        self._recorded = 0
+        self._seen_once: dict[tuple[Any, ...], None] = {}
         self._names = (self.input_names, self.param_names)
         # tiling options given to attncc.compile (block_n=32, ...) pin the IR's default
         # tiles: those calls keep the module's defaults, never the table or a tuned entry
@@ -277,13 +281,16 @@ class Kernel:
             full_params = module._param_defaults(sizes, dict(params))
             geometry = _Geometry(sizes, dtype, device, full_params, config)
             geometry.precision = self._fp32_precision(dtype)
-            if key is not None:
-                # the first call of a geometry is recorded; later ones replay it
+            if key is not None and self._records(key):
+                # a recorded geometry's later calls replay its plan
                 result, geometry.plan, geometry.refusal = geometry.record(
                     module, tensors, return_lse, on_cpu
                 )
                 self._geometries.remember(key, geometry)
                 return result  # type: ignore[no-any-return]  # (out, lse)
+            if key is not None and not on_cpu:
+                with triton_plan.launching_directly(module, device.index):
+                    return geometry.launch(module, tensors, return_lse)
         other_stream = plan is None and geometry.plan is not None and not on_cpu
         if other_stream and not torch.cuda.is_current_stream_capturing():
             # the plan serves another stream: this stream's first call is recorded too
@@ -293,6 +300,21 @@ class Kernel:
             return result  # type: ignore[no-any-return]  # (out, lse)
         with interpreter(on_cpu):
             return geometry.launch(module, tensors, return_lse)
+
+    def _records(self, key: tuple[Any, ...]) -> bool:
+        """Whether a geometry's first call (``key``, Plans.key's) is recorded: the first
+        _FIRST_SIGHT_RECORDS geometries' are; later ones on their second call. A cache that
+        grows a token a call makes a geometry a call that never comes back, and recording
+        one took 600 of such a call's 800 us of CPU (decode 1,32:8,4096,128, H200,
+        benchmarks/growing_cache.py); launched unrecorded it costs its checks and launch."""
+        if self._recorded < _FIRST_SIGHT_RECORDS or key in self._seen_once:
+            self._recorded += 1
+            self._seen_once.pop(key, None)
+            return True
+        self._seen_once[key] = None
+        while len(self._seen_once) > _SEEN_ONCE_KEPT:
+            del self._seen_once[next(iter(self._seen_once))]
+        return False
 
     def _remember_replay(
         self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
@@ -526,6 +548,10 @@ def _eager(tensors: Iterable[Any]) -> str | None:
 # the streams besides its recording one a geometry keeps plans for (each holds a scratch
 # block): a process making a stream a request would otherwise grow them without bound
 _STREAM_PLANS = 8
+# geometries a kernel records at their first call; later ones at their second (_records),
+# of the latest _SEEN_ONCE_KEPT seen once
+_FIRST_SIGHT_RECORDS = 16
+_SEEN_ONCE_KEPT = 256
 _is_compiling = torch.compiler.is_compiling
 # PyTorch's current raw stream by device index (a private API, as Triton uses; CUDA builds)
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)

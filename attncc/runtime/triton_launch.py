@@ -127,7 +127,8 @@ def prepare(
         if slot is None:
             return f"a tensor map over {source[0]}"
         launch_slots.append(slot)
-    launch.with_slots(launch_slots)
+    if launch_slots:  # (the launch was prepared without slots: a direct launch's)
+        launch.with_slots(launch_slots)
     return launch
 
 

@@ -690,6 +690,35 @@ def _launched_directly(
     return True
 
 
+@contextmanager
+def launching_directly(module: Any, device: int) -> Iterator[None]:
+    """The block's launches of ``module``'s kernels (compiled, on ``device``) issued
+    through attncc's launcher where ``_launched_directly`` can, unrecorded: a call whose
+    geometry is not recorded (Kernel._records) pays neither a recording nor the C build of
+    Triton's own launcher."""
+
+    def direct(kernel: Any) -> Callable[..., Any]:
+        original = kernel.run
+
+        def run(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            if getattr(_RECORDING, "direct", None) is not module or warmup:
+                return original(*args, grid=grid, warmup=warmup, **kwargs)
+            with torch._C.DisableTorchFunction():
+                compiled = original(*args, grid=grid, warmup=True, **kwargs)
+                if not _launched_directly(kernel, compiled, device, grid, args, kwargs):
+                    original(*args, grid=grid, warmup=False, **kwargs)
+            return compiled
+
+        return run
+
+    with routed_runs(module_kernels(module), direct):
+        _RECORDING.direct = module
+        try:
+            yield
+        finally:
+            _RECORDING.direct = None
+
+
 def module_kernels(module: Any) -> list[Any]:
     """A generated module's Triton kernels, each once."""
     from triton.runtime.jit import KernelInterface

@@ -348,3 +348,36 @@ def test_a_geometry_serves_each_stream_its_own_plan(monkeypatch: pytest.MonkeyPa
     assert len(geometry.stream_plans) == kernel_module._STREAM_PLANS
     geometry.plan = _StreamPlan(None)  # type: ignore[assignment]
     assert geometry.serving() is geometry.plan
+
+
+def test_past_its_first_geometries_a_kernel_records_one_at_its_second_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A decode over a cache growing a token a call: past _FIRST_SIGHT_RECORDS geometries, a
+    new one's first call runs unrecorded (on a GPU through attncc's launcher) and its second
+    records it, whose later calls replay; every call gives the full path's output."""
+    from attncc.runtime import kernel as kernel_module
+
+    kernel = compiled("decode", "split_kv")
+    monkeypatch.setattr(kernel_module, "_FIRST_SIGHT_RECORDS", 2)
+    monkeypatch.setattr(kernel, "_recorded", 0)
+    monkeypatch.setattr(kernel, "_seen_once", {})
+    gen = torch.Generator().manual_seed(6)
+
+    def call(length: int) -> bool:
+        """One call of a cache of ``length`` tokens; whether its geometry is recorded."""
+        inputs = {
+            "q": torch.randn(2, 4, 16, generator=gen).to(DEVICE),
+            "k": torch.randn(2, length, 2, 16, generator=gen).to(DEVICE),
+            "v": torch.randn(2, length, 2, 16, generator=gen).to(DEVICE),
+            "cache_len": torch.tensor([length, length - 3], dtype=torch.int32).to(DEVICE),
+        }
+        out, _ = _full_path(kernel, inputs, False)
+        torch.testing.assert_close(kernel(**inputs), out, rtol=0, atol=0)
+        key = Plans.key(inputs, {}, False, False, stream=False)
+        return kernel._geometry(key) is not None
+
+    assert [call(n) for n in (50, 51, 52, 53, 52, 52, 50)] == [
+        True, True, False, False, True, True, True
+    ]  # fmt: skip
+    assert len(kernel._seen_once) == 1  # 53's key alone
