@@ -628,10 +628,8 @@ def _watching(kernels: list[Any], recorder: _Recorder, device: int | None) -> It
             with torch._C.DisableTorchFunction():
                 if device is None:
                     compiled = original(*args, grid=grid, warmup=False, **kwargs)
-                else:  # compiled, then launched through attncc's launcher where it can be
-                    compiled = original(*args, grid=grid, warmup=True, **kwargs)
-                    if not _launched_directly(kernel, compiled, device, grid, args, kwargs):
-                        original(*args, grid=grid, warmup=False, **kwargs)
+                else:
+                    compiled = _compiled_and_launched(kernel, original, device, grid, args, kwargs)
             recorder.launched(kernel, compiled, grid, args, kwargs)
             return compiled
 
@@ -660,6 +658,23 @@ def routed_runs(kernels: list[Any], route: Callable[[Any], Callable[..., Any]]) 
         finally:
             for kernel in kernels:
                 del kernel.run  # the class's own run again
+
+
+def _compiled_and_launched(
+    kernel: Any,
+    original: Callable[..., Any],
+    device: int,
+    grid: Any,
+    args: tuple[Any, ...],
+    kwargs: Any,
+) -> Any:
+    """``kernel``'s launch compiled (its own ``run``, ``original``, without launching) and
+    issued through attncc's launcher where ``_launched_directly`` can, else through
+    Triton's; the compiled kernel."""
+    compiled = original(*args, grid=grid, warmup=True, **kwargs)
+    if not _launched_directly(kernel, compiled, device, grid, args, kwargs):
+        original(*args, grid=grid, warmup=False, **kwargs)
+    return compiled
 
 
 def _launched_directly(
@@ -704,10 +719,7 @@ def launching_directly(module: Any, device: int) -> Iterator[None]:
             if getattr(_RECORDING, "direct", None) is not module or warmup:
                 return original(*args, grid=grid, warmup=warmup, **kwargs)
             with torch._C.DisableTorchFunction():
-                compiled = original(*args, grid=grid, warmup=True, **kwargs)
-                if not _launched_directly(kernel, compiled, device, grid, args, kwargs):
-                    original(*args, grid=grid, warmup=False, **kwargs)
-            return compiled
+                return _compiled_and_launched(kernel, original, device, grid, args, kwargs)
 
         return run
 
