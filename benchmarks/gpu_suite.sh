@@ -425,9 +425,11 @@ fi
 if has growing; then
     # decode calls over a cache growing a token a call (benchmarks/growing_cache.py): the CPU
     # time a call of lengths attncc has not seen, beside repeated calls of one length, for
-    # auto's kernels, the CUDA target's and FA2
+    # auto's kernels, the CUDA target's and FA2; then caches of their own (torch.cat's, a
+    # transformers DynamicCache's) called by 8 layers a length
     for target in auto cuda; do
         python3 benchmarks/growing_cache.py --target "$target" 2>&1 | grep -v -i warn | tee -a "$OUT/growing_cache_$gpu.txt"
+        python3 benchmarks/growing_cache.py --target "$target" --layout cat --layers 8 2>&1 | grep -v -i warn | tee -a "$OUT/growing_cache_$gpu.txt"
     done
 fi
 

@@ -26,6 +26,7 @@ def subscript_checks(k: ir.AttentionKernel) -> list[dict[str, Any]]:
                 # data-dependent subscripts (page tables) are the caller's to keep in range
                 continue
             axes = [a for a in k.batch_axes if a.index in indices_of(sub)]
+            named = {e.name for e in subexprs(sub) if isinstance(e, ir.Dim)}
             checks.append(
                 {
                     "tensor": operand.tensor,
@@ -33,9 +34,22 @@ def subscript_checks(k: ir.AttentionKernel) -> list[dict[str, Any]]:
                     "value": cx.host_expr(sub),
                     "indices": [{"var": cx.index_var(a.index), "dim": a.dim} for a in axes],
                     "dim": dim,
+                    # the dims the check reads: the bound, the indices' ranges, the named
+                    "reads": sorted({dim, *named, *(a.dim for a in axes)}),
                 }
             )
     return checks
+
+
+def checked_dims(k: ir.AttentionKernel, checks: list[dict[str, Any]]) -> list[str]:
+    """The dims ``_check_dims`` reads (the query-head grouping's and each subscript check's),
+    in declaration order: its cache is keyed by their sizes alone, so a cache that grows a
+    token a call does not miss it each call (a miss cost a decode call 17 of its 146 us of
+    profiled CPU, H200: benchmarks/growing_cache.py --profile)."""
+    read = {k.group.head.dim, k.group.kv_dim} if k.group else set()
+    for check in checks:
+        read |= set(check["reads"])
+    return [d for d in k.dims if d in read]
 
 
 def tables(k: ir.AttentionKernel) -> dict[str, Any]:
@@ -61,13 +75,15 @@ def tables(k: ir.AttentionKernel) -> dict[str, Any]:
     ]
     group = {"head_dim": k.group.head.dim, "kv_dim": k.group.kv_dim} if k.group else None
     bound = plan.fixed_reference_bound(k)
+    checks = subscript_checks(k)
     return {
         "derived_dims": [{"name": d, "value": cx.host_expr(v, "sizes")} for d, v in k.derived_dims],
         "inputs": inputs,
         "operands": [t.name for t in k.tensors if t.role != "aux"],
         "params": params,
         "dims": list(k.dims),
-        "subscript_checks": subscript_checks(k),
+        "subscript_checks": checks,
+        "checked_dims": checked_dims(k, checks),
         "group": group,
         "fixed_reference": (
             {

@@ -251,8 +251,9 @@ _WORD = 2**64 - 1
 _LAYOUTS: dict[tuple[Any, ...], tuple[struct.Struct, tuple[int, ...]]] = {}
 
 
-def _layout(kinds: tuple[Any, ...]) -> tuple[struct.Struct, tuple[int, ...]]:
-    """One struct for a parameter list: each value at an 8-byte boundary, and the offsets."""
+def packing(kinds: tuple[Any, ...]) -> tuple[struct.Struct, tuple[int, ...]]:
+    """One struct for a parameter list (each parameter's numpy scalar type, or an encoded
+    map's length): each value at an 8-byte boundary, and the offsets."""
     found = _LAYOUTS.get(kinds)
     if found is not None:
         return found
@@ -317,7 +318,9 @@ class Launch:
 
     ``stream`` and ``slots`` (parameter positions) give the positional form: calling the
     launch issues it on ``stream`` with one value per slot, in order (pointers as ints,
-    maps as bytes of their length, or addresses once ``address_slots`` gave them fields)."""
+    maps as bytes of their length, or addresses once ``address_slots`` gave them fields).
+    ``kinds`` (each parameter's numpy scalar type, or a map's length) lets ``args`` be plain
+    Python ints, floats and bytes, packed as those kinds."""
 
     def __init__(
         self,
@@ -326,11 +329,13 @@ class Launch:
         block: tuple[int, int, int],
         shared_bytes: int,
         stream: int,
-        args: Sequence[np.generic | bytes],
+        args: Sequence[Any],
         slots: Sequence[int] = (),
+        kinds: tuple[Any, ...] | None = None,
     ) -> None:
-        kinds = tuple(len(a) if isinstance(a, bytes) else type(a) for a in args)
-        packer, offsets = _layout(kinds)
+        if kinds is None:
+            kinds = tuple(len(a) if isinstance(a, bytes) else type(a) for a in args)
+        packer, offsets = packing(kinds)
         self.offsets = offsets
         lengths = tuple(_length(kind) for kind in kinds)
         self._config = (function, grid, block, shared_bytes, packer.pack(*args), offsets)
@@ -413,6 +418,24 @@ class Launch:
     def buffer(self) -> bytes:
         """The parameters as last passed."""
         return bytes(self._issue.buffer())
+
+
+def launch_once(
+    function: int,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    shared_bytes: int,
+    params: bytes,
+    offsets: Sequence[int],
+    stream: int,
+) -> int:
+    """Issue one launch of ``function`` with its parameters already packed (``params``, each
+    parameter at its offset), keeping nothing: the driver's result code."""
+    native = _native()
+    implementation = native.Launch if native is not None else PythonLaunch
+    head = (entry_address(), function, grid, block, shared_bytes)
+    launch = implementation(*head, params, offsets, ())
+    return int(launch.run(stream, None, (), 0))
 
 
 def check(code: int) -> None:

@@ -25,6 +25,7 @@ from attncc.runtime.autotune import Tuner
 from attncc.runtime.eager import EagerAttention
 from attncc.runtime.jit import interpreter, load_module, module_path, require_interpreter
 from attncc.runtime.launch_plan import Plans
+from attncc.runtime.nvrtc import current_stream
 from attncc.spec import CheckedSpec, ast
 
 
@@ -323,23 +324,33 @@ class Kernel:
         it, for later calls like it (``_replays``), where the plan has one."""
         if self._poisoned:
             return
-        if not tensors or next(reversed(tensors.values())).device.type != "cuda":
-            return  # (the replays' key reads the last tensor's device)
-        key = Plans.key(tensors, params, return_lse, False)
-        if key is None:
+        if not tensors:
             return
-        replay = self._served_replay(tensors, params, return_lse)
+        device = next(reversed(tensors.values())).device
+        if device.type != "cuda":
+            return  # (the replays' key reads the last tensor's device)
+        free = Plans.key(tensors, params, return_lse, False, stream=False)
+        if free is None:
+            return
+        if self.target == "triton" and self._geometries.get(free) is None:
+            return  # a geometry launched unrecorded (_records): no plan to replay
+        replay = self._served_replay(tensors, params, return_lse, free)
         if replay is not None:
-            self._replays.remember(key, replay)
+            self._replays.remember((*free, current_stream(device.index)), replay)
 
     def _served_replay(
-        self, tensors: dict[str, Any], params: dict[str, Any], return_lse: bool
+        self,
+        tensors: dict[str, Any],
+        params: dict[str, Any],
+        return_lse: bool,
+        free: tuple[Any, ...] | None,
     ) -> Any:
         """The C replay (or None) of the plan a call like this one took: the Triton
         target's recorded plan (its TF32 setting guarded for fp32), the CUDA host module's
-        launch plan, or the Triton fallback's plan for the calls an auto kernel hands it."""
+        launch plan, or the Triton fallback's plan for the calls an auto kernel hands it.
+        ``free``: the call's stream-free Plans.key."""
         if self.target == "triton":
-            geometry = self._geometry(Plans.key(tensors, params, return_lse, False, stream=False))
+            geometry = self._geometry(free)
             plan = geometry.serving() if geometry is not None else None
             if geometry is None or plan is None:
                 return None
@@ -349,10 +360,8 @@ class Kernel:
                 guard = (precision, geometry.precision)
             return plan.native_replay(guard)
         falls_back = self.fallback is not None
-        if falls_back and self._fallback_kernel is not None:
-            stream_free = Plans.key(tensors, params, return_lse, False, stream=False)
-            if self._falls_back.get(stream_free):
-                return self._fallback_kernel._served_replay(tensors, params, return_lse)
+        if falls_back and self._fallback_kernel is not None and self._falls_back.get(free):
+            return self._fallback_kernel._served_replay(tensors, params, return_lse, free)
         plan = self._host._PLANS.get(Plans.key(tensors, params, return_lse, falls_back))
         replay = getattr(plan, "native_replay", None)
         return replay() if replay is not None else None

@@ -25,6 +25,7 @@ launch, cooperative groups, scratch memory), or where it holds a type not listed
 from __future__ import annotations
 
 import ctypes
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +55,20 @@ def loaded_function(compiled: Any, device: int) -> int | str:
     through attncc's driver with its shared memory allowed, or why not (a launch through
     Triton then raises Triton's own error, such as OutOfResources)."""
     key = (id(compiled), device)
+    verdict = _VERDICTS.get(key)
+    if verdict is None:
+        verdict = _VERDICTS[key] = (compiled, _loaded_function(compiled, device))
+    return verdict[1]
+
+
+# (id of a CompiledKernel, device index) -> the CompiledKernel and loaded_function's answer:
+# each new call geometry prepares its launches again, and the function's checks are two
+# driver calls through ctypes
+_VERDICTS: dict[tuple[int, int], tuple[Any, int | str]] = {}
+
+
+def _loaded_function(compiled: Any, device: int) -> int | str:
+    key = (id(compiled), device)
     found = _LOADED.get(key)
     metadata = compiled.metadata
     try:
@@ -68,6 +83,118 @@ def loaded_function(compiled: Any, device: int) -> int | str:
     if metadata.shared > _STATIC_SHARED_LIMIT:
         driver.prefer_shared(function)
     return function
+
+
+class DirectLaunch:
+    """A compiled kernel's launches through attncc's launcher with every argument given at
+    the call (``issue``): what a call of a geometry no plan recorded needs, whose arguments
+    are new each time. What follows from the kernel alone (its loaded function, its
+    parameter layout checked against the driver's list, which arguments are pointers) is
+    worked out once per kernel and device (``direct_launch``); a call packs its values in one
+    struct call. Preparing a launch for each such call (``prepare``: a numpy scalar an
+    argument, the function's checks) took 35 of a decode call's 146 us of profiled CPU over
+    a cache growing a token a call (H200, benchmarks/growing_cache.py --profile)."""
+
+    def __init__(
+        self,
+        function: int,
+        block: tuple[int, int, int],
+        shared_bytes: int,
+        packer: struct.Struct,
+        offsets: tuple[int, ...],
+        arguments: tuple[tuple[int, bool], ...],
+    ) -> None:
+        self.function = function
+        self.block = block
+        self.shared_bytes = shared_bytes
+        self.packer = packer
+        self.offsets = offsets
+        self.arguments = arguments  # (position, whether a pointer) of each parameter
+
+    def issue(self, grid: tuple[int, int, int], values: Sequence[Any], stream: int) -> bool:
+        """Launch on ``grid`` and ``stream`` with the kernel's arguments ``values`` (in
+        declaration order, constexprs included); False, launching nothing, where a value
+        does not pack as its parameter (the caller then launches through Triton)."""
+        packed: list[Any] = []
+        try:
+            for at, pointer in self.arguments:
+                value = values[at]
+                if pointer and not isinstance(value, int):
+                    value = 0 if value is None else value.data_ptr()
+                packed.append(value)
+            params = self.packer.pack(*packed, 0, 0)  # the global and profile scratch
+        except (struct.error, AttributeError, TypeError, OverflowError):
+            return False
+        code = driver.launch_once(
+            self.function, grid, self.block, self.shared_bytes, params, self.offsets, stream
+        )
+        if code:
+            driver.check(code)
+        return True
+
+
+# (id of a CompiledKernel, device index) -> the CompiledKernel (keeping the id taken) and its
+# DirectLaunch, or why its launches keep the prepared route
+_DIRECT: dict[tuple[int, int], tuple[Any, DirectLaunch | str]] = {}
+
+
+def direct_launch(compiled: Any, device: int) -> DirectLaunch | str:
+    """``compiled``'s DirectLaunch on ``device``, made once; a str says why not: a kernel
+    taking tensor maps (their descriptors are expanded per call: ``prepare``), or any
+    reason ``prepare`` would keep Triton's launcher."""
+    key = (id(compiled), device)
+    found = _DIRECT.get(key)
+    if found is None:
+        launch = _direct_launch(compiled, device, signature_types(compiled))
+        found = _DIRECT[key] = (compiled, launch)
+    return found[1]
+
+
+def signature_types(compiled: Any) -> list[str]:
+    """Each argument's type in a compiled kernel's signature ("": a tuple's)."""
+    signature = getattr(getattr(compiled, "src", None), "signature", {})
+    return [t if isinstance(t, str) else "" for t in signature.values()]
+
+
+def _direct_launch(compiled: Any, device: int, types: Sequence[str]) -> DirectLaunch | str:
+    metadata = compiled.metadata
+    if not _plain(metadata):
+        return "a launch needing cuLaunchKernelEx's attributes or scratch memory"
+    if tensor_descriptors.metas(compiled):
+        return "a kernel taking tensor descriptors"
+    kinds: list[type[np.generic]] = []
+    arguments: list[tuple[int, bool]] = []
+    for at, kind in enumerate(types):
+        if kind == "constexpr":
+            continue
+        pointer = kind.startswith("*")
+        scalar = np.uint64 if pointer else _SCALARS.get(kind)
+        if scalar is None:
+            return f"an argument of type {kind or 'unknown'}"
+        kinds.append(scalar)
+        arguments.append((at, pointer))
+    kinds += [np.uint64, np.uint64]  # the global and profile scratch pointers
+    function = loaded_function(compiled, device)
+    if isinstance(function, str):
+        return function
+    mismatch = _checked_layout(function, tuple(kinds))
+    if mismatch is not None:
+        return mismatch
+    packer, offsets = driver.packing(tuple(kinds))
+    block = (32 * metadata.num_warps, 1, 1)
+    return DirectLaunch(function, block, metadata.shared, packer, offsets, tuple(arguments))
+
+
+def _plain(metadata: Any) -> bool:
+    """Whether a kernel launches with a plain cuLaunchKernel (no clusters, programmatic
+    dependent launch, cooperative groups or scratch memory)."""
+    return (
+        getattr(metadata, "num_ctas", 1) == 1
+        and not getattr(metadata, "launch_pdl", False)
+        and not getattr(metadata, "launch_cooperative_grid", False)
+        and not getattr(metadata, "global_scratch_size", 0)
+        and not getattr(metadata, "profile_scratch_size", 0)
+    )
 
 
 def prepare(
@@ -86,18 +213,12 @@ def prepare(
     positions (their address word moved to their base's pointer each call). A str says why
     the launch keeps Triton's launcher."""
     metadata = compiled.metadata
-    plain = (
-        getattr(metadata, "num_ctas", 1) == 1
-        and not getattr(metadata, "launch_pdl", False)
-        and not getattr(metadata, "launch_cooperative_grid", False)
-        and not getattr(metadata, "global_scratch_size", 0)
-        and not getattr(metadata, "profile_scratch_size", 0)
-    )
-    if not plain:
+    if not _plain(metadata):
         return "a launch needing cuLaunchKernelEx's attributes or scratch memory"
     if len(types) != len(values):
         return "arguments and signature types differ in number"
-    args: list[np.generic | bytes] = []
+    args: list[Any] = []
+    kinds: list[Any] = []  # each parameter's numpy scalar type, or a map's length
     parameter: dict[int, int] = {}  # an argument's position -> its parameter's
     for at, (kind, value) in enumerate(zip(types, values, strict=True)):
         if kind == "constexpr":
@@ -106,14 +227,18 @@ def prepare(
         if packed is None:
             return f"an argument of type {kind or 'unknown'} ({type(value).__name__})"
         parameter[at] = len(args)
-        args.append(packed)
-    args += [np.uint64(0), np.uint64(0)]  # the global and profile scratch pointers
-    mismatch = _layout_mismatch(function, args)
+        kinds.append(packed[0])
+        args.append(packed[1])
+    args += [0, 0]  # the global and profile scratch pointers
+    kinds += [np.uint64, np.uint64]
+    mismatch = _checked_layout(function, tuple(kinds))
     if mismatch is not None:
         return mismatch
-    launch = driver.Launch(
-        function, grid, (32 * metadata.num_warps, 1, 1), metadata.shared, 0, args
-    )
+    block = (32 * metadata.num_warps, 1, 1)
+    try:
+        launch = driver.Launch(function, grid, block, metadata.shared, 0, args, kinds=tuple(kinds))
+    except (struct.error, OverflowError) as error:
+        return f"an argument that does not fit its parameter ({error})"
     offsets = launch.offsets
     launch_slots: list[driver.Slot] = []
     for at, source in slots:
@@ -132,22 +257,23 @@ def prepare(
     return launch
 
 
-def _packed(kind: str, value: Any) -> np.generic | bytes | None:
-    """An argument as its parameter's bytes (a numpy scalar of its C type, or a map)."""
+def _packed(kind: str, value: Any) -> tuple[Any, Any] | None:
+    """An argument as its parameter's kind (a numpy scalar type of its C type, or a map's
+    length) and the value packed into it (an int, a float, a map's bytes)."""
     if kind.startswith("*"):
         if value is None:
-            return np.uint64(0)  # a slot, or a null pointer
+            return np.uint64, 0  # a slot, or a null pointer
         if isinstance(value, int):
-            return np.uint64(value)
+            return np.uint64, value
         pointer = getattr(value, "data_ptr", None)  # a buffer the module keeps
-        return np.uint64(pointer()) if callable(pointer) else None
+        return (np.uint64, pointer()) if callable(pointer) else None
     if kind == "nvTmaDesc":
         where = tensor_descriptors.map_address(value)
-        return None if where is None else ctypes.string_at(where, _MAP_BYTES)
+        return None if where is None else (_MAP_BYTES, ctypes.string_at(where, _MAP_BYTES))
     scalar = _SCALARS.get(kind)
     if scalar is None or not isinstance(value, (int, float, bool, np.generic)):
         return None
-    return scalar(value)
+    return scalar, value
 
 
 def _slot(at: int, shift: int, bias: int, source: Source) -> driver.Slot | None:
@@ -163,13 +289,26 @@ def _slot(at: int, shift: int, bias: int, source: Source) -> driver.Slot | None:
     return None
 
 
-def _layout_mismatch(function: int, args: Sequence[np.generic | bytes]) -> str | None:
-    """How the kernel's parameters, as the driver lists them, differ from ``args`` (None:
-    they agree)."""
+def _checked_layout(function: int, kinds: tuple[Any, ...]) -> str | None:
+    """``_layout_mismatch`` of a function and its parameters' kinds (numpy scalar types, or
+    a map's length), worked out once each: every new call geometry prepares its launches."""
+    key = (function, kinds)
+    if key not in _LAYOUT_CHECKS:
+        sizes = [k if isinstance(k, int) else np.dtype(k).itemsize for k in kinds]
+        _LAYOUT_CHECKS[key] = _layout_mismatch(function, sizes)
+    return _LAYOUT_CHECKS[key]
+
+
+# (function, kinds) -> _layout_mismatch's answer
+_LAYOUT_CHECKS: dict[tuple[int, tuple[Any, ...]], str | None] = {}
+
+
+def _layout_mismatch(function: int, ours: list[int]) -> str | None:
+    """How the kernel's parameters, as the driver lists them, differ from ``ours`` (each
+    parameter's bytes as packed; None: they agree)."""
     sizes = driver.parameter_sizes(function)
     if sizes is None:
         return "the driver cannot list the kernel's parameters (cuFuncGetParamInfo)"
-    ours = [len(a) if isinstance(a, bytes) else a.nbytes for a in args]
     if sizes != ours:
         return f"the kernel's parameters ({sizes} bytes) differ from Triton's signature ({ours})"
     return None

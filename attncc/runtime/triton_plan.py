@@ -423,7 +423,7 @@ def _prepared(
     attncc's (attncc.runtime.triton_launch: None for an empty grid; a str says why not),
     and whether it moves descriptor maps kept from this call."""
     values, slots = step.values, list(step.slots)
-    types = _signature_types(step.compiled)
+    types = triton_launch.signature_types(step.compiled)
     metas = tensor_descriptors.metas(step.compiled)
     expanded = tensor_descriptors.expand(metas, values, dict(slots), pointer, types)
     direct: driver.Launch | str | None = None
@@ -443,12 +443,6 @@ def _prepared(
 
     moves = expanded is not None and bool(expanded.maps)
     return triton, direct, moves
-
-
-def _signature_types(compiled: Any) -> list[str]:
-    """Each argument's type in a compiled kernel's signature ("": a tuple's)."""
-    signature = getattr(getattr(compiled, "src", None), "signature", {})
-    return [t if isinstance(t, str) else "" for t in signature.values()]
 
 
 def _direct(
@@ -693,7 +687,11 @@ def _launched_directly(
     if 0 in full_grid:
         return True  # Triton's launcher launches nothing either
     values = [*args, *(kwargs[n] for n in names[len(args) :])]
-    types = _signature_types(compiled)
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    fast = triton_launch.direct_launch(compiled, device)
+    if not isinstance(fast, str) and fast.issue(full_grid, values, stream):
+        return True
+    types = triton_launch.signature_types(compiled)
     metas = tensor_descriptors.metas(compiled)
     expanded = tensor_descriptors.expand(metas, values, {}, lambda source: 0, types)
     if metas and expanded is None:
@@ -701,7 +699,7 @@ def _launched_directly(
     launch = _direct(compiled, device, full_grid, values, types, [], expanded)
     if isinstance(launch, str):
         return False
-    launch.run(torch._C._cuda_getCurrentRawStream(device), {}, (), 0)
+    launch.run(stream, {}, (), 0)
     return True
 
 
@@ -732,11 +730,19 @@ def launching_directly(module: Any, device: int) -> Iterator[None]:
 
 
 def module_kernels(module: Any) -> list[Any]:
-    """A generated module's Triton kernels, each once."""
-    from triton.runtime.jit import KernelInterface
+    """A generated module's Triton kernels, each once (found once a module: a generated
+    module's kernels are its own from its import on)."""
+    found = _MODULE_KERNELS.get(id(module))
+    if found is None or found[0] is not module:
+        from triton.runtime.jit import KernelInterface
 
-    found = [v for v in vars(module).values() if isinstance(v, KernelInterface)]
-    return list({id(k): k for k in found}.values())  # aliases once
+        kernels = [v for v in vars(module).values() if isinstance(v, KernelInterface)]
+        found = _MODULE_KERNELS[id(module)] = (module, list({id(k): k for k in kernels}.values()))
+    return list(found[1])
+
+
+# id of a generated module -> the module (keeping the id taken) and its kernels
+_MODULE_KERNELS: dict[int, tuple[Any, list[Any]]] = {}
 
 
 def record(

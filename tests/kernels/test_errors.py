@@ -317,3 +317,21 @@ def test_odd_tensors_raise_a_clear_error(
     call: Callable[[], Any], kind: type[Exception], words: tuple[str, ...]
 ) -> None:
     expect_clear_error(call, kind, words)
+
+
+def test_size_checks_are_cached_by_the_sizes_they_read() -> None:
+    """A cache growing a token a call makes each call a new key length: the checks that read
+    sizes alone (the query-head grouping) are cached by the dims they read, so such calls
+    find them checked (keyed by every dim, each call missed its cache)."""
+    module = compiled("decode", "default").module(False)
+    q = randn(1, 4, 16)
+    before = module._check_dims.cache_info()
+    for n in (5, 6, 7):
+        k = randn(1, n, 2, 16)
+        lengths = torch.full((1,), n, dtype=torch.int32)
+        module._check({"q": q, "k": k, "v": k, "cache_len": lengths}, {})
+    after = module._check_dims.cache_info()
+    assert after.misses - before.misses <= 1 and after.hits - before.hits >= 2
+    with pytest.raises(ValueError, match="H \\(6\\) must be a multiple of KVH \\(4\\)"):
+        k = randn(1, 5, 4, 16)
+        module._check({"q": randn(1, 6, 16), "k": k, "v": k, "cache_len": lengths}, {})

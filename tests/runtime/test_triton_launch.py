@@ -25,10 +25,11 @@ class _Recorder:
     def __init__(self) -> None:
         self.launches: list[tuple[Any, ...]] = []
         self.entry = driver._ENTRY(self._launch)
+        self.sizes = SIZES  # the launched kernel's parameters' bytes
 
     def _launch(self, function: int, *rest: Any) -> int:
         params = ctypes.cast(rest[8], ctypes.POINTER(ctypes.c_void_p))
-        values = [ctypes.string_at(params[i], n) for i, n in enumerate(SIZES)]
+        values = [ctypes.string_at(params[i], n) for i, n in enumerate(self.sizes)]
         self.launches.append((function, tuple(rest[:7]), rest[7], values))
         return 0
 
@@ -41,6 +42,7 @@ def recorder(
     address = ctypes.cast(recording.entry, ctypes.c_void_p).value
     monkeypatch.setattr(driver, "entry_address", lambda: address)
     monkeypatch.setattr(driver, "parameter_sizes", lambda function: list(SIZES))
+    monkeypatch.setattr(triton_launch, "_LAYOUT_CHECKS", {})  # each test's own driver
     monkeypatch.setattr(tensor_descriptors, "map_address", lambda m: ctypes.addressof(m))
     if request.param == "native":
         assert native.launcher() is not None, native.unavailable()
@@ -49,9 +51,13 @@ def recorder(
     yield recording
 
 
-def _compiled(**metadata: Any) -> Any:
+def _compiled(types: list[str] | None = None, **metadata: Any) -> Any:
+    """A compiled kernel as the launchers read it: its metadata, and its signature's types."""
     fields = {"num_warps": 4, "num_ctas": 1, "shared": 2048, "launch_pdl": False} | metadata
-    return SimpleNamespace(metadata=SimpleNamespace(**fields))
+    signature = {f"a{n}": kind for n, kind in enumerate(types or [])}
+    return SimpleNamespace(
+        metadata=SimpleNamespace(**fields), src=SimpleNamespace(signature=signature)
+    )
 
 
 def _map(address: int) -> bytes:
@@ -99,6 +105,67 @@ def test_a_scratch_slot_is_the_base_plus_its_offset(recorder: _Recorder) -> None
     assert passed[0] == struct.pack("<Q", 2**32 + 1024) and passed[6] == struct.pack(
         "<Q", q.data_ptr()
     )
+
+
+# a kernel without tensor maps, as a call no plan recorded launches it (DirectLaunch)
+DIRECT_TYPES = ["*fp16", "i32", "constexpr", "fp32", "i64", "*i32", "i1"]
+DIRECT_SIZES = [8, 4, 4, 8, 8, 1, 8, 8]
+
+
+@pytest.fixture
+def direct(recorder: _Recorder, monkeypatch: pytest.MonkeyPatch) -> _Recorder:
+    recorder.sizes = DIRECT_SIZES
+    monkeypatch.setattr(driver, "parameter_sizes", lambda function: list(DIRECT_SIZES))
+    monkeypatch.setattr(triton_launch, "loaded_function", lambda compiled, device: 0x55)
+    monkeypatch.setattr(triton_launch, "_DIRECT", {})
+    return recorder
+
+
+def test_a_direct_launch_packs_the_bytes_a_prepared_launch_passes(direct: _Recorder) -> None:
+    """A call of a geometry no plan recorded gives every argument at once: its launch packs
+    them in one struct call, the bytes ``prepare``'s launch passes for the same values."""
+    q, kept = torch.empty(8), torch.empty(4, dtype=torch.int32)
+    values = [q, 7, 64, 0.5, 2**40, kept, True]
+    compiled = _compiled(DIRECT_TYPES)
+    launch = triton_launch.direct_launch(compiled, 0)
+    assert isinstance(launch, triton_launch.DirectLaunch)
+    assert triton_launch.direct_launch(compiled, 0) is launch  # once a kernel
+    assert launch.issue((5, 2, 1), values, 123)
+    prepared = triton_launch.prepare(compiled, 0x55, (5, 2, 1), values, DIRECT_TYPES, [])
+    assert isinstance(prepared, driver.Launch)
+    prepared.run(123, {}, (), 0)
+    direct_call, prepared_call = direct.launches
+    assert direct_call == prepared_call
+    function, dims, stream, passed = direct_call
+    assert function == 0x55 and dims == (5, 2, 1, 128, 1, 1, 2048) and stream == 123
+    assert passed[0] == struct.pack("<Q", q.data_ptr()) and passed[4] == struct.pack(
+        "<Q", kept.data_ptr()
+    )
+
+
+def test_a_value_that_does_not_pack_launches_nothing(direct: _Recorder) -> None:
+    """Where a value does not fit its parameter the caller launches through Triton, whose
+    own launcher reports it."""
+    launch = triton_launch.direct_launch(_compiled(DIRECT_TYPES), 0)
+    assert isinstance(launch, triton_launch.DirectLaunch)
+    for wrong in ([None, 2**40, 64, 0.5, 1, None, True], [None, 7, 64, "x", 1, None, True]):
+        assert not launch.issue((1, 1, 1), wrong, 0)
+    assert direct.launches == []
+
+
+@pytest.mark.parametrize(
+    ("compiled", "why"),
+    [
+        (_compiled(DIRECT_TYPES, num_ctas=2), "cuLaunchKernelEx's attributes"),
+        (_compiled(TYPES), "type nvTmaDesc"),
+        (_compiled(["fp16" if t == "fp32" else t for t in DIRECT_TYPES]), "type fp16"),
+    ],
+)
+def test_kernels_a_direct_launch_cannot_pack_say_why(
+    direct: _Recorder, compiled: Any, why: str
+) -> None:
+    refusal = triton_launch.direct_launch(compiled, 0)
+    assert isinstance(refusal, str) and why in refusal
 
 
 @pytest.mark.parametrize(
@@ -171,6 +238,7 @@ def test_a_kernel_is_loaded_once_per_device_through_attnccs_driver(
     for name in ("load_kernels", "function", "max_threads", "prefer_shared"):
         monkeypatch.setattr(driver, name, getattr(fake, name))
     monkeypatch.setattr(triton_launch, "_LOADED", {})
+    monkeypatch.setattr(triton_launch, "_VERDICTS", {})
     small, large = _cubin(shared=2048), _cubin(shared=160 * 1024)
     first = triton_launch.loaded_function(small, 0)
     assert triton_launch.loaded_function(small, 0) == first
@@ -194,6 +262,7 @@ def test_a_kernel_the_driver_cannot_run_as_configured_keeps_tritons_launch(
     for name in ("load_kernels", "function", "max_threads", "prefer_shared"):
         monkeypatch.setattr(driver, name, getattr(fake, name))
     monkeypatch.setattr(triton_launch, "_LOADED", {})
+    monkeypatch.setattr(triton_launch, "_VERDICTS", {})
     refusal = triton_launch.loaded_function(_cubin(shared=232448), 0)
     assert isinstance(refusal, str) and why in refusal
 

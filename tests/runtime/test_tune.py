@@ -164,3 +164,38 @@ def test_the_tuning_file_is_read_again_only_once_it_changed(
     for length in range(33, 41):
         later.launch_config(*_args(1, 2, length, 32))
     assert len(later.tuner._by_shapes) == 4
+
+
+def test_a_growing_cache_chooses_its_configuration_once_a_bucket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A decode cache growing a token a call is a new geometry each call: the configuration
+    is chosen once a power-of-two bucket of key lengths (what tuned entries are keyed by),
+    and a tuning written since is taken at the next new length."""
+    kernel = attncc.compile(EXAMPLES / "decode.attn")
+    looked_up: list[int] = []
+    config_for = heuristics.config_for
+
+    def counted(ir: Any, sizes: dict[str, int], *rest: Any) -> dict[str, Any]:
+        looked_up.append(sizes["N"])
+        return config_for(ir, sizes, *rest)
+
+    monkeypatch.setattr(heuristics, "config_for", counted)
+    q = torch.randn(1, 4, 32)
+
+    def config(n: int) -> dict[str, int]:
+        k = torch.randn(1, n, 2, 32)
+        return kernel.launch_config(q, k, k, torch.full((1,), n, dtype=torch.int32))
+
+    chosen = [config(n) for n in range(33, 65)]
+    assert looked_up == [33] and all(c == chosen[0] for c in chosen)
+    assert kernel.tuner.sources == {"tuned": 0, "table": 32}
+    config(65)  # the next bucket
+    assert looked_up == [33, 65]
+    entry = {**chosen[0], "BLOCK_N": 2 * chosen[0]["BLOCK_N"]}
+    sizes, dtype, device = kernel._host._check(
+        {"q": q, "k": torch.randn(1, 40, 2, 32), "v": torch.randn(1, 40, 2, 32),
+         "cache_len": torch.full((1,), 40, dtype=torch.int32)}, {}
+    )  # fmt: skip
+    kernel.tuner._store(kernel.tuner.key(sizes, dtype, device), entry)
+    assert config(41) == entry
