@@ -304,6 +304,12 @@ def _native() -> Any:
     return native.launcher()
 
 
+def _launch_type() -> Any:
+    """The C launcher's Launch where it builds, else ``PythonLaunch``."""
+    built = _native()
+    return built.Launch if built is not None else PythonLaunch
+
+
 class Launch:
     """One kernel launch, prepared: its function, grid, block, dynamic shared memory and
     every parameter packed at an 8-byte boundary of one buffer (numpy scalars: pointers,
@@ -351,9 +357,8 @@ class Launch:
     def with_slots(self, slots: Sequence[Slot]) -> None:
         """Prepare the launch with these slots (``run``'s form)."""
         self.slots = tuple(slots)
-        native = _native()
-        implementation = native.Launch if native is not None else PythonLaunch
-        self._issue = implementation(entry_address(), *self._config, self.slots)
+        # (the C launcher's Launch has PythonLaunch's interface)
+        self._issue: PythonLaunch = _launch_type()(entry_address(), *self._config, self.slots)
 
     def address_slots(self, fields: Sequence[Any]) -> None:
         """From now on the last ``len(fields)`` positional slots (encoded maps) each take
@@ -431,10 +436,8 @@ def launch_once(
 ) -> int:
     """Issue one launch of ``function`` with its parameters already packed (``params``, each
     parameter at its offset), keeping nothing: the driver's result code."""
-    native = _native()
-    implementation = native.Launch if native is not None else PythonLaunch
     head = (entry_address(), function, grid, block, shared_bytes)
-    launch = implementation(*head, params, offsets, ())
+    launch = _launch_type()(*head, params, offsets, ())
     return int(launch.run(stream, None, (), 0))
 
 
