@@ -186,11 +186,9 @@ class Tuner:
         """The tuning file's entries, read again only where the file changed since: each new
         call geometry looks them up, and reading and parsing the file took 58 us of a decode
         call whose cache grows a token a call (H200, benchmarks/growing_cache.py)."""
-        try:
-            status = self.path.stat()
-        except OSError:
+        stamp = self._stamp()
+        if stamp is None:
             return {}
-        stamp = (status.st_mtime_ns, status.st_size)
         if self._loaded is not None and self._loaded[0] == stamp:
             return self._loaded[1]
         try:
