@@ -368,7 +368,8 @@ if has kernels; then
     # the `gradients` step: on an empty cache the two compile for more than one call's 600 s
     timeout 500 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_functions.py \
         tests/kernels/test_decode.py tests/kernels/test_side_dtypes.py \
-        tests/kernels/test_lse_layout.py tests/runtime/test_triton_plan.py > "$OUT/kernel_tests.log" 2>&1
+        tests/kernels/test_lse_layout.py tests/runtime/test_triton_plan.py \
+        tests/runtime/test_length_family.py > "$OUT/kernel_tests.log" 2>&1
     grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/kernel_tests.log" | head -30
 fi
 

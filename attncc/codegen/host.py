@@ -36,6 +36,7 @@ def subscript_checks(k: ir.AttentionKernel) -> list[dict[str, Any]]:
                     "dim": dim,
                     # the dims the check reads: the bound, the indices' ranges, the named
                     "reads": sorted({dim, *named, *(a.dim for a in axes)}),
+                    "params": sorted({e.name for e in subexprs(sub) if isinstance(e, ir.Param)}),
                 }
             )
     return checks

@@ -141,6 +141,52 @@ def launch_args(kernel: ir.AttentionKernel) -> list[LaunchArg]:
     return args
 
 
+def key_length_args(kernel: ir.AttentionKernel) -> dict[str, tuple[str, str, int]] | None:
+    """The launch arguments a call of a new key length may differ in from a recorded one of
+    its power-of-two bucket (attncc.runtime.length_family), by ``LaunchArg.var``, each with
+    where a call's value is read: ("size" or "stride", input, axis), or ("param", name, 0):
+    the length, every stride of the inputs holding it, and the int params the host reads
+    nowhere else (a cache's length passed as a param: transformers' offset). None where the
+    host reads the length elsewhere (the length derived from other dims or deriving one,
+    read by a param's default or the query-head grouping, divided by with magic numbers, or
+    the queries' or the output's length too; the subscript checks are the caller's to ask).
+    """
+    dim = kernel.key_axis.dim
+    derived = dict(kernel.derived_dims)
+    if dim in derived or any(_reads_dims(v, {dim}) for v in derived.values()):
+        return None
+    if kernel.query_axis is not None and kernel.query_axis.dim == dim:
+        return None
+    if dim in kernel.output.dims or dim in divisor_dims(kernel):
+        return None
+    if any(p.default is not None and _reads_dims(p.default, {dim}) for p in kernel.params):
+        return None
+    if kernel.group is not None and dim in (kernel.group.head.dim, kernel.group.kv_dim):
+        return None
+    carriers = [t for t in kernel.tensors if dim in t.dims]
+    first = carriers[0]
+    size = ("size", first.name, first.dims.index(dim))
+    found: dict[str, tuple[str, str, int]] = {dim_var(dim): size}
+    for t in carriers:
+        for axis in range(len(t.dims)):
+            found[stride_var(t.name, axis)] = ("stride", t.name, axis)
+    read = {e.name for p in kernel.params if p.default is not None for e in _params(p.default)}
+    bound = fixed_reference_bound(kernel)
+    read |= {e.name for e in _params(bound)} if bound is not None else set()
+    for p in kernel.params:
+        if p.type == "int" and p.name not in read:
+            found[param_var(p.name)] = ("param", p.name, 0)
+    return found
+
+
+def _params(expr: ir.Expr) -> list[ir.Param]:
+    return [e for e in subexprs(expr) if isinstance(e, ir.Param)]
+
+
+def _reads_dims(expr: ir.Expr, dims: set[str]) -> bool:
+    return any(isinstance(e, ir.Dim) and e.name in dims for e in subexprs(expr))
+
+
 def arg_lines(args: list[LaunchArg], texts: list[str]) -> list[str]:
     """``texts`` (one per argument of ``args``) joined a group to a line, for reading: a
     tensor's pointer with its strides, then the dims, the divisors and the params."""

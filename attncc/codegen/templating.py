@@ -24,9 +24,16 @@ def _bytecode_dir() -> str:
 
 
 def python_literal(value: Any) -> str:
-    """The ``py`` filter: a value as a Python literal (names go into host code quoted)."""
+    """The ``py`` filter: a value as a Python literal (names go into host code quoted);
+    tuples and dicts of literals too."""
     if isinstance(value, jinja2.Undefined):
         value._fail_with_undefined_error()
+    if isinstance(value, tuple):
+        items = ", ".join(python_literal(v) for v in value)
+        return f"({items},)" if len(value) == 1 else f"({items})"
+    if isinstance(value, dict):
+        items = ", ".join(f"{python_literal(k)}: {python_literal(v)}" for k, v in value.items())
+        return f"{{{items}}}"
     if not isinstance(value, str | int | float | bool | type(None)):
         raise TypeError(f"py filter: {type(value).__name__} is not a literal")
     return repr(value)

@@ -558,6 +558,23 @@ class _Context:
         lines.append("  host helpers (argument checks, launch configurations), device helpers")
         return lines
 
+    def key_length_args(
+        self, runtime_ints: list[str]
+    ) -> dict[str, tuple[str, str, int, bool]] | None:
+        """plan.key_length_args, None where a subscript check reads the key length too,
+        without the params a check reads, each reading with whether Triton specializes the
+        argument (not one of ``runtime_ints``)."""
+        found = plan.key_length_args(self.k)
+        checks = host.subscript_checks(self.k)
+        if found is None or any(self.k.key_axis.dim in c["reads"] for c in checks):
+            return None
+        named = {name for c in checks for name in c["params"]}
+        return {
+            var: (*at, var not in runtime_ints)
+            for var, at in found.items()
+            if at[0] != "param" or at[1] not in named
+        }
+
     def runtime_ints(self, extra: tuple[str, ...] = ()) -> list[str]:
         """Integer kernel parameters Triton must not specialize on: batch and head counts,
         head dims, int params (a window) and the log-sum-exp's outer strides (multiples of
@@ -674,10 +691,20 @@ class _Context:
 
         prologue, _ = self.score_lines(env)
         program_dims = [a.dim for a in program_axes]
+        group_host = f"sizes[{group.head.dim!r}] // sizes[{group.kv_dim!r}]" if group else "1"
+        rows_host = f"sizes[{k.query_axis.dim!r}]" if k.query_axis else "1"
+        runtime_ints = self.runtime_ints(("GROUP", "M_ROWS", "ROWS"))
         return {
             "kernel_fn": f"_attncc_{cx.safe_name(k.name)}_split",
             "combine_fn": f"_attncc_{cx.safe_name(k.name)}_combine",
-            "runtime_ints": self.runtime_ints(("GROUP", "M_ROWS", "ROWS", "CHUNK")),
+            "runtime_ints": runtime_ints,
+            "key_size": cx.dim_var(k.key_axis.dim),
+            "length_args": self.key_length_args(runtime_ints),
+            "splits_keys_host": (
+                "True"
+                if k.schedule == "split_kv"
+                else f"{rows_host} <= {k.split_max_queries} and {group_host} * {rows_host} <= 128"
+            ),
             "batch_lines": lines,
             "head_var": cx.index_var(head) if head else None,
             "kv_head": kv_head,
@@ -693,9 +720,7 @@ class _Context:
             "bounds": self.bounds(),
             "loop": self.loop(env, k_parts, v_parts, page_tables=True),
             "programs_host": " * ".join(f"sizes[{d!r}]" for d in program_dims) or "1",
-            "group_host": (
-                f"sizes[{group.head.dim!r}] // sizes[{group.kv_dim!r}]" if group else "1"
-            ),
+            "group_host": group_host,
             "max_queries": k.split_max_queries,
             "only": k.schedule == "split_kv",
         }

@@ -9,6 +9,7 @@ and a launch at a few microseconds of host time both need the driver API directl
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import struct
@@ -359,6 +360,24 @@ class Launch:
         self.slots = tuple(slots)
         # (the C launcher's Launch has PythonLaunch's interface)
         self._issue: PythonLaunch = _launch_type()(entry_address(), *self._config, self.slots)
+
+    def fixed(self, values: dict[str, int]) -> Launch:
+        """A copy of this launch whose word slots that take an input named in ``values``
+        have that value written into its parameters instead (a length family's plan made a
+        plan of one call geometry: attncc.runtime.triton_plan)."""
+        function, grid, block, shared_bytes, params, offsets = self._config
+        buffer = bytearray(params)
+        left: list[Slot] = []
+        for slot in self.slots:
+            at, kind, key, shift, bias, length = slot
+            if kind == FROM_INPUT and length == 8 and key in values:
+                _POINTER.pack_into(buffer, at, (bias + (values[key] >> shift)) & _WORD)
+            else:
+                left.append(slot)
+        launch = copy.copy(self)
+        launch._config = (function, grid, block, shared_bytes, bytes(buffer), offsets)
+        launch.with_slots(left)
+        return launch
 
     def address_slots(self, fields: Sequence[Any]) -> None:
         """From now on the last ``len(fields)`` positional slots (encoded maps) each take

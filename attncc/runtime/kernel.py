@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 
 from attncc.ir.nodes import AttentionKernel
 from attncc.passes.tiling import Tile
-from attncc.runtime import autograd, native, triton_plan, triton_warm
+from attncc.runtime import autograd, length_family, native, triton_plan, triton_warm
 from attncc.runtime import op as op_registry
 from attncc.runtime.autotune import Tuner
 from attncc.runtime.eager import EagerAttention
@@ -74,6 +74,12 @@ class Kernel:
     # 1-9 us of CPU less a repeated prefill call than through the plans' Python, 11.9-13.9
     # us a call (H200, pinned alternating processes: benchmarks/results/host_replay_ab_h200.txt)
     _replays: Plans = field(init=False, repr=False)
+    # Triton target: calls over a key length not seen before, launched as a recorded call of
+    # the same length bucket (attncc.runtime.length_family): a cache growing a token a call
+    _families: length_family.Families = field(init=False, repr=False)
+    # target "auto": the length families (their keys) the host module hands to the Triton
+    # fallback at every length (its split-KV calls), which later calls go to directly
+    _families_falling_back: dict[tuple[Any, ...], None] = field(init=False, repr=False)
     _poisoned: bool = field(init=False, default=False, repr=False)
     # the inputs' and the params' names (the op's argument order)
     _names: tuple[tuple[str, ...], tuple[str, ...]] = field(init=False, repr=False)
@@ -98,6 +104,9 @@ class Kernel:
         self._param_sites = _param_sites(self.spec)
         # loaded now, not on first call: torch.compile cannot trace a module import
         self._host = self.module(interpreted=False)
+        length = length_family.KeyLength.of(self._host) if self.target == "triton" else None
+        self._families = length_family.Families(length)
+        self._families_falling_back = {}
         if torch.cuda.is_available():  # GPU launches go through attncc's C launcher
             native.build_in_background()
         permutation = tuple(self._host._LSE_PERMUTATION)
@@ -128,6 +137,7 @@ class Kernel:
         """Fill outputs with NaN before each launch (checks), in every loaded variant."""
         self._geometries.clear()  # recorded plans fill (or not) as the module did then
         self._replays.clear()  # nor do replays
+        self._families.clear()
         self._poisoned = enabled
         for interpreted in (False, True) if self.target == "triton" else (False,):
             setattr(self.module(interpreted), "_POISON", enabled)  # noqa: B010 - generated module
@@ -241,10 +251,19 @@ class Kernel:
             return self._launch_keyed(tensors, params, return_lse, key)
         if self.fallback is None:
             return self._host._forward(tensors, params, return_lse)  # type: ignore[no-any-return]
-        if len(self._falls_back):
+        fallback = self._fallback_kernel
+        if len(self._falls_back) and fallback is not None:
             key = Plans.key(tensors, params, return_lse, False, stream=False)
-            if self._falls_back.get(key) and self._fallback_kernel is not None:
-                return self._fallback_kernel._launch_keyed(tensors, params, return_lse, key)
+            if self._falls_back.get(key):
+                return fallback._launch_keyed(tensors, params, return_lse, key)
+            if self._families_falling_back:
+                found = fallback._families.find(key, tensors, params)
+                if found is not None and found.key in self._families_falling_back:
+                    result = fallback._launch_keyed(tensors, params, return_lse, key, found)
+                    if fallback._geometries.get(key) is not None:
+                        # a geometry of its own by now (its second sight): replayed from C
+                        self._falls_back.remember(key, True)
+                    return result
         forward = self._host._forward
         return forward(tensors, params, return_lse, None, self._fallback_launch)  # type: ignore[no-any-return]
 
@@ -254,10 +273,17 @@ class Kernel:
         params: dict[str, Any],
         return_lse: bool,
         key: tuple[Any, ...] | None,
+        found: length_family.Found | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A Triton target call's (out, lse); ``key``: its stream-free Plans.key."""
+        """A Triton target call's (out, lse); ``key``: its stream-free Plans.key;
+        ``found``: its length family where the caller found it."""
         geometry = self._geometry(key)
         plan = None
+        if geometry is None:
+            found = found or self._families.find(key, tensors, params)
+            by_family = self._family_replayed(tensors, params, key, found)
+            if by_family is not None:
+                return by_family
         if geometry is not None:
             plan = geometry.serving()
             if plan is not None:
@@ -282,6 +308,22 @@ class Kernel:
             full_params = module._param_defaults(sizes, dict(params))
             geometry = _Geometry(sizes, dtype, device, full_params, config)
             geometry.precision = self._fp32_precision(dtype)
+            if self._families.wants(found) and module._splits_keys(sizes):
+                assert found is not None
+                result, geometry.plan, geometry.refusal, recording = geometry.record_family(
+                    module, tensors, return_lse, on_cpu, found.lengths, found.values
+                )
+                self._families.recorded(
+                    found,
+                    recording.plan,
+                    geometry,
+                    recording.signature,
+                    recording.refusal,
+                    dtype,
+                    geometry.precision,
+                )
+                self._geometries.remember(key, geometry)
+                return result  # type: ignore[no-any-return]  # (out, lse)
             if key is not None and self._records(key):
                 # a recorded geometry's later calls replay its plan
                 result, geometry.plan, geometry.refusal = geometry.record(
@@ -301,6 +343,60 @@ class Kernel:
             return result  # type: ignore[no-any-return]  # (out, lse)
         with interpreter(on_cpu):
             return geometry.launch(module, tensors, return_lse)
+
+    def _family_replayed(
+        self,
+        tensors: dict[str, Any],
+        params: dict[str, Any],
+        key: tuple[Any, ...] | None,
+        found: length_family.Found | None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A call replayed by its length family's plan, or None where it has none that
+        serves it (not agreed yet, another TF32 setting, another stream or device). At a
+        geometry's second sight the family's plan, its values written in, becomes that
+        geometry's own (``_geometries``), which later calls replay from C: a model's layers
+        call each length once a layer."""
+        if found is None or key is None:
+            return None
+        family = self._families.agreed(found)
+        if family is None or family.precision != self._fp32_precision(family.dtype):
+            return None
+        inputs = length_family.replay_inputs(tensors, found)
+        if family.plan.device is None:  # recorded in the interpreter (the key holds the device)
+            with interpreter(True):
+                result = family.plan(inputs)
+        else:
+            result = family.plan(inputs)
+        if result is None:
+            return None
+        if key not in self._seen_once:
+            self._seen_once[key] = None
+            while len(self._seen_once) > _SEEN_ONCE_KEPT:
+                del self._seen_once[next(iter(self._seen_once))]
+        else:
+            del self._seen_once[key]
+            self._geometries.remember(key, self._family_geometry(family, tensors, params, found))
+        return result  # type: ignore[no-any-return]  # (out, lse)
+
+    def _family_geometry(
+        self,
+        family: length_family.Family,
+        tensors: dict[str, Any],
+        params: dict[str, Any],
+        found: length_family.Found,
+    ) -> _Geometry:
+        """The geometry of a call its length family serves: the recorded call's, with the
+        call's length and the params the family reads, and the family's plan fixed at the
+        call's values."""
+        length = self._families.length
+        assert length is not None
+        recorded: _Geometry = family.geometry
+        holder, axis = next(iter(length.carriers.items()))
+        sizes = {**recorded.sizes, length.dim: tensors[holder].shape[axis]}
+        read = {name: params[name] for name in length.params if params.get(name) is not None}
+        geometry = replace(recorded, sizes=sizes, params={**recorded.params, **read})
+        geometry.plan, geometry.stream_plans = family.plan.fixed(found.values), {}
+        return geometry
 
     def _records(self, key: tuple[Any, ...]) -> bool:
         """Whether a geometry's first call (``key``, Plans.key's) is recorded: the first
@@ -382,12 +478,18 @@ class Kernel:
     def launch_path(self, *args: Any, return_lse: bool = False, **kwargs: Any) -> str:
         """How a repeated call with these inputs launches (Triton target, after a first
         call of the same geometry): "replay" (a recorded launch plan, no checks or Triton
-        launcher in the way), or "full: WHY"."""
+        launcher in the way), "replay: its length family" (the plan of a call of another
+        key length in its bucket: attncc.runtime.length_family), or "full: WHY"."""
         tensors, params = self._host._bind(args, kwargs)
         if self.target != "triton":
             return "full: the CUDA target keeps its own launch plans"
-        geometry = self._geometry(Plans.key(tensors, params, return_lse, False, stream=False))
+        key = Plans.key(tensors, params, return_lse, False, stream=False)
+        geometry = self._geometry(key)
         if geometry is None:
+            found = self._families.find(key, tensors, params)
+            family = self._families.agreed(found) if found is not None else None
+            if family is not None and family.precision == self._fp32_precision(family.dtype):
+                return "replay: its length family"
             return "full: no call of this geometry yet"
         return "replay" if geometry.serving() is not None else f"full: {geometry.refusal}"
 
@@ -456,7 +558,16 @@ class Kernel:
             self._fallback_kernel = self.fallback()
         key = Plans.key(tensors, params, return_lse, False, stream=False)
         self._falls_back.remember(key, True)
-        return self._fallback_kernel._launch_keyed(tensors, params, return_lse, key)
+        fallback = self._fallback_kernel
+        found = fallback._families.find(key, tensors, params)
+        new = found is not None and found.key not in self._families_falling_back
+        # the host module hands every split-KV call to Triton, whatever its key length
+        if new and self._host._splits_keys(self._host._check(tensors, params)[0]):
+            assert found is not None
+            self._families_falling_back[found.key] = None
+            while len(self._families_falling_back) > _FAMILIES_KEPT:
+                del self._families_falling_back[next(iter(self._families_falling_back))]
+        return fallback._launch_keyed(tensors, params, return_lse, key, found)
 
     def _fake(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         tensors, params, return_lse = self._split(args, kwargs)
@@ -514,6 +625,27 @@ class _Geometry:
         args = (dict(self.params), return_lse, self.sizes, self.dtype, self.device, self.config)
         return launch(tensors, *args)
 
+    def record_family(
+        self,
+        module: ModuleType,
+        tensors: dict[str, Any],
+        return_lse: bool,
+        on_cpu: bool,
+        lengths: dict[str, str],
+        values: dict[str, int],
+    ) -> tuple[Any, triton_plan.TritonPlan | None, str | None, triton_plan.FamilyRecording]:
+        """``record``, with the call's plan for its length family too
+        (triton_plan.record_family)."""
+        with interpreter(on_cpu):
+            return triton_plan.record_family(
+                module,
+                lambda: self.launch(module, tensors, return_lse),
+                tensors,
+                not on_cpu,
+                lengths,
+                values,
+            )
+
     def record(
         self, module: ModuleType, tensors: dict[str, Any], return_lse: bool, on_cpu: bool
     ) -> tuple[Any, triton_plan.TritonPlan | None, str | None]:
@@ -561,6 +693,8 @@ _STREAM_PLANS = 8
 # of the latest _SEEN_ONCE_KEPT seen once
 _FIRST_SIGHT_RECORDS = 16
 _SEEN_ONCE_KEPT = 256
+# the length families an auto kernel remembers handing to its fallback
+_FAMILIES_KEPT = 64
 _is_compiling = torch.compiler.is_compiling
 # PyTorch's current raw stream by device index (a private API, as Triton uses; CUDA builds)
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)

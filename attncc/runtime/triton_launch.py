@@ -242,6 +242,10 @@ def prepare(
     offsets = launch.offsets
     launch_slots: list[driver.Slot] = []
     for at, source in slots:
+        if at not in parameter and types[at] == "constexpr" and values[at] is not None:
+            # a value the kernel was compiled for (an int of 1): a slot there takes the same
+            # value each call, which the call's key holds (a length family's classes)
+            continue
         slot = _slot(offsets[parameter[at]], 0, 0, source) if at in parameter else None
         if slot is None:
             return f"a pointer slot from {source[0]} at argument {at}"

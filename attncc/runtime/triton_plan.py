@@ -22,6 +22,7 @@ profiler: it gets Triton's own launches).
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 import threading
@@ -59,6 +60,89 @@ HOST_WORK = _FACTORIES | _LIKE_FACTORIES | _FILLS | _QUERIES
 # where a kernel argument comes from at a call: ("input", name), ("alloc", index), or a
 # tensor descriptor over one of those: ("desc", source, shape, strides, block, padding)
 Source = tuple[Any, ...]
+
+
+def _length_slots(step: _Step, lengths: dict[str, str]) -> tuple[tuple[int, Source], ...]:
+    """Slots at a step's arguments named in ``lengths``, each filled from the input named
+    there (its recorded value stays where a launch is packed first)."""
+    if not lengths:
+        return ()
+    return tuple(
+        (at, ("input", lengths[name]))
+        for at, name in enumerate(argument_names(step))
+        if name in lengths
+    )
+
+
+def _fixed_step(step: _Step, values: dict[str, int]) -> _Step:
+    """``step`` with its slots taking an input named in ``values`` given that value."""
+    fixed = {at: values[s[1]] for at, s in step.slots if s[0] == "input" and s[1] in values}
+    if not fixed:
+        return step
+    return replace(
+        step,
+        values=[fixed.get(at, value) for at, value in enumerate(step.values)],
+        slots=tuple((at, s) for at, s in step.slots if at not in fixed),
+    )
+
+
+def argument_names(step: _Step) -> tuple[str, ...]:
+    """The kernel argument each of a step's values is: positional ones by the kernel's
+    argument order, the keyword tail by its names."""
+    positional = len(step.values) - len(step.names)
+    return (*step.kernel.arg_names[:positional], *step.names)
+
+
+def signature(
+    recorder: _Recorder, outputs: tuple[int, ...], lengths: dict[str, str]
+) -> tuple[Any, ...]:
+    """What two recorded calls of a length family must agree on
+    (attncc.runtime.length_family), read after a plan marked the buffers the module keeps:
+    each launch's kernel, compiled kernel, grid and arguments (the length ones left out; a
+    tensor by where it comes from, a kept buffer by its shape and dtype, which another
+    stream's or a call that first made it share), the other allocations' shapes and dtypes,
+    the fills and the outputs."""
+    kept = {i for i, a in enumerate(recorder.allocations) if a.kept is not None}
+    fresh = [i for i in range(len(recorder.tensors)) if i not in kept]
+    number = {index: n for n, index in enumerate(fresh)}
+
+    def allocation(index: int) -> Any:
+        if index in kept:
+            return ("kept", tuple(recorder.tensors[index].shape), recorder.tensors[index].dtype)
+        return ("alloc", number[index])
+
+    steps = []
+    for step in recorder.steps:
+        slots = dict(step.slots)
+        values: list[Any] = []
+        for at, (name, value) in enumerate(zip(argument_names(step), step.values, strict=True)):
+            source = slots.get(at)
+            if name in lengths:
+                values.append("length")
+            elif source is not None:
+                values.append(allocation(source[1]) if source[0] == "alloc" else source)
+            elif isinstance(value, torch.Tensor):
+                values.append(("kept", tuple(value.shape), value.dtype))
+            else:
+                values.append(value)
+        steps.append((id(step.kernel), id(step.compiled), step.grid, tuple(values)))
+    tensors = tuple((tuple(recorder.tensors[i].shape), recorder.tensors[i].dtype) for i in fresh)
+    fills = tuple(
+        (allocation(index), function_name(fill), args) for index, fill, args in recorder.fills
+    )
+    return (tuple(steps), tensors, fills, tuple(allocation(i) for i in outputs))
+
+
+def length_mismatch(
+    recorder: _Recorder, lengths: dict[str, str], values: dict[str, int]
+) -> str | None:
+    """Where a recorded call's length arguments are not the length ``values`` its inputs
+    give (a module whose table misnames them), or None."""
+    for step in recorder.steps:
+        for name, value in zip(argument_names(step), step.values, strict=True):
+            if name in lengths and value != values[lengths[name]]:
+                return f"argument {name} of {step.kernel.__name__} is {value}, not its length value"
+    return None
 
 
 class _Refused(Exception):
@@ -206,7 +290,17 @@ class TritonPlan:
     read, such as split-KV's partial results) comes from one allocation at offsets: an
     allocation costs 2-4 us of host time, more than a split-KV launch's share."""
 
-    def __init__(self, recorder: _Recorder, outputs: tuple[int, ...], device: int | None) -> None:
+    def __init__(
+        self,
+        recorder: _Recorder,
+        outputs: tuple[int, ...],
+        device: int | None,
+        lengths: dict[str, str] | None = None,
+    ) -> None:
+        """``lengths``: the kernel arguments (by name) each replay takes from its inputs
+        (by the name there) rather than as recorded: a length family's plan
+        (attncc.runtime.length_family), whose replays pass the length values beside the
+        tensors."""
         # an output without elements (the log-sum-exp a call does not ask for) has no data:
         # the recorded one serves every replay, one allocation less a call (1.5-3.5 us of
         # CPU each, H200: benchmarks/call_parts.py); Kernel.__call__ drops it
@@ -245,7 +339,8 @@ class TritonPlan:
                 slots=tuple(
                     (at, ("scratch", scratch[s[1]]) if s[0] == "alloc" and s[1] in scratch else s)
                     for at, s in step.slots
-                ),
+                )
+                + _length_slots(step, lengths or {}),
             )
             for step in recorder.steps
         )
@@ -331,6 +426,19 @@ class TritonPlan:
             keywords = dict(zip(step.names, values[positional:], strict=True))
             step.kernel.run(*values[:positional], grid=step.grid, warmup=False, **keywords)
         return tuple(allocs[i] for i in self.outputs)
+
+    def fixed(self, values: dict[str, int]) -> TritonPlan:
+        """This plan with the inputs named in ``values`` (a length family's values, read by
+        slots of ``lengths``) written into its launches: the plan of one call geometry,
+        sharing this one's kept buffers and scratch, which the C launcher replays."""
+        plan = copy.copy(self)
+        plan.steps = tuple(_fixed_step(step, values) for step in self.steps)
+        plan._direct = tuple(launch.fixed(values) for launch in self._direct)
+        if self.issues is not None:
+            plan.issues = tuple(launch.issue for launch in plan._direct)
+        plan._replay = None
+        plan._lock = threading.Lock()
+        return plan
 
     def serves(self, stream: int) -> bool:
         """Whether the plan may launch on ``stream`` (a raw stream of its device)."""
@@ -751,6 +859,58 @@ def record(
     """Run ``launch`` (the module's ``_launch`` for this call, or a backward's launches)
     once, watching it: its result (a tuple of tensors), the plan that replays it (None
     where it cannot), and why not."""
+    result, recorder, outputs, refusal = _recorded(module, launch, tensors, compiled)
+    if outputs is None:
+        return result, None, refusal
+    return result, TritonPlan(recorder, outputs, _device(compiled)), None
+
+
+@dataclass
+class FamilyRecording:
+    """A call recorded for its length family (attncc.runtime.length_family): the plan
+    replaying it at another length (its length arguments as slots) and its ``signature``;
+    both None where it has none (``refusal``)."""
+
+    plan: TritonPlan | None
+    signature: tuple[Any, ...] | None
+    refusal: str | None
+
+
+def record_family(
+    module: Any,
+    launch: Callable[[], Result],
+    tensors: dict[str, Any],
+    compiled: bool,
+    lengths: dict[str, str],
+    values: dict[str, int],
+) -> tuple[Result, TritonPlan | None, str | None, FamilyRecording]:
+    """``record``, and the call's plan for its length family: ``lengths`` names the kernel
+    arguments that follow the key length (each with the name its value takes beside the
+    tensors), ``values`` this call's values of them."""
+    result, recorder, outputs, refusal = _recorded(module, launch, tensors, compiled)
+    if outputs is None:
+        return result, None, refusal, FamilyRecording(None, None, refusal)
+    device = _device(compiled)
+    plan = TritonPlan(recorder, outputs, device)
+    why = length_mismatch(recorder, lengths, values)
+    if why is not None:
+        return result, plan, None, FamilyRecording(None, None, why)
+    family = TritonPlan(recorder, outputs, device, lengths)
+    if compiled and family.issues is None:
+        why = f"a launch on Triton's launcher ({family.launcher_refusal})"
+        return result, plan, None, FamilyRecording(None, None, why)
+    return result, plan, None, FamilyRecording(family, signature(recorder, outputs, lengths), None)
+
+
+def _device(compiled: bool) -> int | None:
+    return torch.cuda.current_device() if compiled else None
+
+
+def _recorded(
+    module: Any, launch: Callable[[], Result], tensors: dict[str, Any], compiled: bool
+) -> tuple[Result, _Recorder, tuple[int, ...] | None, str | None]:
+    """``launch`` run once under a recorder: its result, the recorder, the outputs'
+    allocation indexes (None where no plan may replay it) and why not."""
     from attncc.runtime import compile_ahead
 
     kernels = module_kernels(module)
@@ -758,8 +918,7 @@ def record(
         # the kernels it launches compiled side by side first, not one after the other
         compile_ahead.FIRST_CALLS.ahead(module, kernels, launch)
     recorder = _Recorder(tensors)
-    device = torch.cuda.current_device() if compiled else None
-    with _watching(kernels, recorder, device), recorder:
+    with _watching(kernels, recorder, _device(compiled)), recorder:
         result = launch()
     outputs = tuple(recorder.source(t) for t in result)
     refusal = recorder.refusal
@@ -770,6 +929,5 @@ def record(
     if refusal is None and compiled and any(s.compiled is None for s in recorder.steps):
         refusal = "a launch without a compiled kernel"
     if refusal is not None:
-        return result, None, refusal
-    indexes = tuple(source[1] for source in outputs)  # type: ignore[index]
-    return result, TritonPlan(recorder, indexes, device), None
+        return result, recorder, None, refusal
+    return result, recorder, tuple(source[1] for source in outputs), None  # type: ignore[index]

@@ -351,6 +351,68 @@ def test_decode_calls_on_two_streams_at_once_agree_with_one_call(target: str) ->
             _assert_replays_from_c(kernel, [queries[0], *args[1:]])
 
 
+@pytest.mark.parametrize("layout", ["view", "cat"])
+def test_an_auto_decode_over_a_growing_cache_replays_its_length_family(
+    layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers' causal spec on target auto (its CUDA host module hands one-query calls
+    to the Triton fallback's split-KV kernels) over a cache growing a token a call, the
+    cache's length passed as `offset`: views of one buffer, or caches of their own as
+    torch.cat makes them. After a length family's first two lengths, each call goes to the
+    fallback's family plan without the CUDA host module's checks, every output equals its
+    own full path's, and a length called again replays from C."""
+    monkeypatch.setenv("ATTNCC_TARGET", "auto")  # the suite's default is triton
+    kernel = attncc.compile(Path(attncc.__file__).parent / "specs" / "hf_causal.attn")
+    assert kernel.fallback is not None  # (auto resolved to the CUDA target)
+    gen = torch.Generator().manual_seed(11)
+    k = torch.randn(2, 8, 4200, 128, generator=gen).bfloat16().cuda()
+    v = torch.randn_like(k)
+    q = torch.randn(2, 32, 1, 128, generator=gen).bfloat16().cuda()
+
+    def at(n: int) -> dict[str, Any]:
+        keys, values = k[:, :, :n], v[:, :, :n]
+        if layout == "cat":
+            keys, values = keys.contiguous(), values.contiguous()
+        return {"q": q, "k": keys, "v": values, "scale": 128**-0.5, "offset": n - 1}
+
+    host_calls: list[int] = []
+    forward = kernel._host._forward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        host_calls.append(1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(kernel._host, "_forward", counted)
+    for n in range(4100, 4140):
+        inputs = at(n)
+        got = kernel(**inputs)
+        fallback = kernel._fallback_kernel
+        assert fallback is not None
+        tensors = {name: inputs[name] for name in "qkv"}
+        params = {"scale": inputs["scale"], "offset": inputs["offset"]}
+        want = fallback.module(False)._forward(tensors, params, False)[0]
+        assert torch.equal(got, want), n
+        if n == 4110:
+            host_calls.clear()
+            assert fallback.launch_path(**at(n + 1)) == "replay: its length family"
+    # the multiples of 16 (4112, 4128) are a family of their own (Triton specializes on the
+    # length, not on the offset): the host module sees its first call alone, then hands the
+    # family to the fallback at every length
+    assert len(host_calls) == 1
+    # a length called again (a model's next layer) gets a plan of its own, replayed from C
+    inputs = at(4139)
+    assert torch.equal(kernel(**inputs), got)
+    from attncc.runtime import kernel as kernel_module
+    from attncc.runtime import native
+
+    launcher = native.launcher()
+    assert launcher is not None, native.unavailable()
+    tensors, params = kernel._host._bind((), inputs)
+    table, stream_of = kernel._replays.table, kernel_module._RAW_STREAM
+    replayed = launcher.replay(table, (False, False), tensors, params, torch.Tensor, stream_of)
+    assert replayed is not None and torch.equal(replayed[0], got)
+
+
 @pytest.mark.parametrize("target", ["triton", "cuda"])
 def test_compiled_callers_repeated_calls_replay_from_c(
     target: str, monkeypatch: pytest.MonkeyPatch

@@ -152,6 +152,31 @@ def test_driver_launches_take_the_c_launcher_where_it_builds(
         native.reset()
 
 
+def test_a_fixed_launch_writes_the_values_and_keeps_the_other_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Launch.fixed`` (a length family's plan made one geometry's): the slots taking an
+    input it is given a value for are written into its parameters and gone; the others
+    still take each call's values; the launch it was made from is unchanged."""
+    import numpy as np
+
+    recorder = _Recorder([8, 4, 8])
+    monkeypatch.setattr(driver, "entry_address", lambda: recorder.address)
+    kinds = (np.uint64, np.int32, np.uint64)
+    launch = driver.Launch(7, (2, 1, 1), (32, 1, 1), 0, 0, [0, 100, 0], kinds=kinds)
+    offsets = launch.offsets
+    launch.with_slots(
+        [(offsets[0], FROM_INPUT, "q", 0, 0, 8), (offsets[1], FROM_INPUT, "#0", 0, 0, 8)]
+    )
+    fixed = launch.fixed({"#0": 4097})
+    assert [slot[2] for slot in fixed.slots] == ["q"]
+    fixed.run(5, {"q": 0x1000}, (), 0)
+    launch.run(5, {"q": 0x2000, "#0": 4100}, (), 0)
+    (_, _, _, first), (_, _, _, second) = recorder.launches
+    assert first == [_word(0x1000), struct.pack("<i", 4097), _word(0)]
+    assert second == [_word(0x2000), struct.pack("<i", 4100), _word(0)]
+
+
 def test_a_failed_launch_raises_naming_the_drivers_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """``issue`` hands back the driver's code for the caller to check; ``run`` and a
     positional call raise with the error's name."""

@@ -107,6 +107,22 @@ def test_a_scratch_slot_is_the_base_plus_its_offset(recorder: _Recorder) -> None
     )
 
 
+def test_int_slots_write_each_calls_value_and_a_constexprs_keeps_its_own(
+    recorder: _Recorder,
+) -> None:
+    """A length family's plan (attncc.runtime.length_family): slots at int arguments take
+    each call's value in the parameter's width; one at a constexpr (an int of 1 the kernel
+    was compiled for, the same across the family) launches with the compiled value."""
+    values = [None, 7, 1, 0.5, ctypes.create_string_buffer(128), 3, 4, None, False]
+    slots = [(0, ("input", "q")), (1, ("input", "#0")), (2, ("input", "#1")), (6, ("input", "#2"))]
+    launch = triton_launch.prepare(_compiled(), 0x55, (1, 1, 1), values, TYPES, slots)
+    assert isinstance(launch, driver.Launch)
+    q = torch.empty(2)
+    launch.run(0, {"q": q, "#0": 4097, "#1": 1, "#2": 2**33 + 5}, [], 0)
+    ((_, _, _, passed),) = recorder.launches
+    assert passed[1] == struct.pack("<i", 4097) and passed[5] == struct.pack("<q", 2**33 + 5)
+
+
 # a kernel without tensor maps, as a call no plan recorded launches it (DirectLaunch)
 DIRECT_TYPES = ["*fp16", "i32", "constexpr", "fp32", "i64", "*i32", "i1"]
 DIRECT_SIZES = [8, 4, 4, 8, 8, 1, 8, 8]

@@ -354,14 +354,17 @@ def test_past_its_first_geometries_a_kernel_records_one_at_its_second_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A decode over a cache growing a token a call: past _FIRST_SIGHT_RECORDS geometries, a
-    new one's first call runs unrecorded (on a GPU through attncc's launcher) and its second
-    records it, whose later calls replay; every call gives the full path's output."""
+    new one's first call runs unrecorded (on a GPU through attncc's launcher) or, where its
+    length family replays it, through the family's plan, and its second makes it a plan of
+    its own, which later calls replay; every call gives the full path's output."""
     from attncc.runtime import kernel as kernel_module
+    from attncc.runtime import length_family
 
     kernel = compiled("decode", "split_kv")
     monkeypatch.setattr(kernel_module, "_FIRST_SIGHT_RECORDS", 2)
     monkeypatch.setattr(kernel, "_recorded", 0)
     monkeypatch.setattr(kernel, "_seen_once", {})
+    monkeypatch.setattr(kernel, "_families", length_family.Families(kernel._families.length))
     gen = torch.Generator().manual_seed(6)
 
     def call(length: int) -> bool:
