@@ -1,23 +1,24 @@
 """Calls of a new key length launched as a recorded call of the same length bucket.
 
 A cache that grows by a token a call (a transformers DynamicCache, most decode loops) makes
-every decoding step a call geometry attncc has not seen: its exact launch plan
-(attncc.runtime.triton_plan) never serves a later step, and each step paid the module's
-checks, its configuration choice and Triton's argument binding (3.7-4.6x FA2's CPU a call,
-H200, benchmarks/growing_cache.py).
+every decoding step a call geometry attncc has not seen: no exact launch plan
+(attncc.runtime.triton_plan) serves it, and each step paid the module's checks, its
+configuration choice and Triton's argument binding: 3.7-4.6x FA2's CPU a call (H200,
+benchmarks/growing_cache.py), against 0.54-0.88x replayed through a family.
 
 A generated module whose split-KV launches follow the key length only through its
 power-of-two bucket (templates/triton/split_kernels.py.jinja: the split count from the
-bucket, each program's chunk cut in the kernel) names the kernel arguments that carry the
-length itself (``_KEY_LENGTH_ARGS``: the length and the strides of the inputs holding it).
-A *family* is the calls alike but for those: the same inputs, dtypes, devices, alignment,
-params and other sizes, the length in the same bucket, and each length argument in the
-classes Triton specializes on (1, a multiple of 16, 32 bits). The family's first two calls
-of different lengths are recorded and compared: every launch's grid, compiled kernel,
-allocations and arguments but the length ones must agree, and the length ones must be the
-lengths' values. A family that agrees replays its first recording at every later length
-with the length arguments rewritten from the call's tensors; one that does not is never
-replayed (its calls take the full path, as before).
+bucket, each program's chunk cut in the kernel) names the kernel arguments a call may
+differ in (``_KEY_LENGTH_ARGS``: the length, the strides of the inputs holding it, and int
+params the host reads nowhere else). A *family* is the calls alike but for those: the same
+inputs, dtypes, devices, alignment, other params and sizes, the length in the same bucket,
+and each of those arguments in the same class (32 bits, and 1 or a multiple of 16 where
+Triton specializes on it: each class compiles a kernel of its own). The family's first two
+calls of different lengths are recorded and compared: every launch's grid, compiled
+kernel, allocations and other arguments must agree, and the recorded arguments must be the
+calls' values. A family that agrees replays its first recording at every later length with
+those arguments rewritten from the call; one that does not is never replayed (its calls
+take the full path).
 """
 
 from __future__ import annotations
@@ -229,9 +230,6 @@ class Families:
                     family.refusal = "two lengths of the bucket launched differently"
                 else:
                     family.state = "agreed"
-
-    def state(self, found: Found | None) -> Family | None:
-        return self._families.get(found.key) if found is not None else None
 
     def _remember(self, key: tuple[Any, ...], family: Family) -> None:
         while len(self._families) >= self.limit:
