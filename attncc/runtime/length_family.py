@@ -98,7 +98,9 @@ class KeyLength:
         self, key: tuple[Any, ...], tensors: dict[str, Any], params: dict[str, Any]
     ) -> Found | None:
         """The family of a call with stream-free plan key ``key`` (launch_plan.Plans.key),
-        or None where its inputs disagree on the length (the full path's checks say so).
+        or None where the full path's checks refuse it: a carrier of another rank or of
+        2**31 elements or more (the kernels' offsets are 32-bit), carriers that disagree on
+        the length.
         The key: ``key`` with each carrier's length by its bucket and its strides left out,
         the read params' values left out, and each value's class (32 bits, and for those
         Triton specializes on 1 or a multiple of 16: each class compiles a kernel of its
@@ -108,7 +110,7 @@ class KeyLength:
         for t, held, rank, reads in self.tensor_reads:
             tensor = tensors[t]
             shape, strides = tensor.shape, tensor.stride()
-            if len(shape) != rank:
+            if len(shape) != rank or tensor.numel() >= 2**31:
                 return None  # (the full path's checks say what is wrong)
             if length != shape[held]:
                 if length != -1:

@@ -17,6 +17,7 @@ import torch
 import attncc
 from attncc.runtime import length_family
 from attncc.runtime.jit import interpreter
+from attncc.runtime.launch_plan import Plans
 from tests.kernels._support import DEVICE, example_path
 
 FAMILY = "replay: its length family"
@@ -163,6 +164,23 @@ def test_inputs_that_disagree_on_the_length_or_rank_get_the_full_paths_error() -
     inputs["v"] = cache["v"][:, :73, 0]
     with pytest.raises(ValueError, match="input 'v' must have 4 dims"):
         kernel(**inputs)
+
+
+def test_a_length_past_32_bit_offsets_has_no_family() -> None:
+    # the full path refuses an input of 2**31 elements or more; in one bucket with lengths
+    # below that (40M and 50M keys of 48 elements: bucket 2**26), its family must not take it
+    kernel = _decode()
+    q = torch.randn(1, 6, 16)
+    lengths = torch.tensor([7], dtype=torch.int32)
+
+    def found(n: int) -> Any:
+        k = torch.randn(1, 1, 3, 16).expand(1, n, 3, 16)  # (no memory behind the keys)
+        tensors = {"q": q, "k": k, "v": k, "cache_len": lengths}
+        key = Plans.key(tensors, {}, False, False, stream=False)
+        return kernel._families.find(key, tensors, {})
+
+    assert found(40_000_000) is not None
+    assert found(50_000_000) is None
 
 
 def test_specs_whose_host_reads_the_key_length_have_no_family() -> None:
