@@ -362,11 +362,17 @@ class Kernel:
         if family is None or family.precision != self._fp32_precision(family.dtype):
             return None
         inputs = length_family.replay_inputs(tensors, found)
-        if family.plan.device is None:  # recorded in the interpreter (the key holds the device)
+        plan = family.plan
+        if plan.device is None:  # recorded in the interpreter (the key holds the device)
             with interpreter(True):
-                result = family.plan(inputs)
+                result = plan(inputs)
         else:
-            result = family.plan(inputs)
+            # the C launcher's replay of it where built (its launches read the length values
+            # beside the tensors as they read the tensors), else the plan's Python: 0.77-0.90x
+            # FA2's CPU a growing decode call against 0.80-1.16x (H200, alternating pinned
+            # processes: benchmarks/results/growing_cache_family_replay_ab_h200.txt)
+            replay = plan.native_replay()
+            result = replay(inputs) if replay is not None else plan(inputs)
         if result is None:
             return None
         if key not in self._seen_once:
