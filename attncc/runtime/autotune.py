@@ -26,6 +26,7 @@ import torch
 from attncc.cache import atomic_write, cache_dir
 from attncc.ir.nodes import AttentionKernel, TileConfig
 from attncc.runtime import compile_ahead, heuristics, triton_plan
+from attncc.runtime.length_family import bucket
 from attncc.runtime.timing import cold_copies
 
 # prefill tiles, some with K/V tiles as TMA copies (where the layout allows); from
@@ -116,10 +117,6 @@ def _shapes(tensors: dict[str, Any], return_lse: bool) -> tuple[Any, ...]:
 _CHOSEN_KEPT = 256
 
 
-def _bucket(n: int) -> int:
-    return 1 << max(0, (max(n, 1) - 1).bit_length())
-
-
 def gpu_name(device: torch.device) -> str:
     """The device's name in tuning keys (tests replace it to stand in for a GPU)."""
     if device.type != "cuda":
@@ -176,9 +173,9 @@ class Tuner:
                 str(dtype).removeprefix("torch."),
                 f"D={sizes[k.head_axis.dim]}",
                 f"DV={sizes[k.value_axis.dim]}",
-                f"M<={_bucket(rows)}",
-                f"N<={_bucket(sizes[k.key_axis.dim])}",
-                f"P<={_bucket(programs)}",
+                f"M<={bucket(rows)}",
+                f"N<={bucket(sizes[k.key_axis.dim])}",
+                f"P<={bucket(programs)}",
             ]
         )
 
@@ -253,7 +250,7 @@ class Tuner:
         A cache that grows a token a call keeps one answer a bucket: choosing took 17 us of
         CPU a new length (this repository's CPU machine)."""
         keys = self.kernel.key_axis.dim
-        shape = tuple(_bucket(n) if d == keys else n for d, n in sizes.items())
+        shape = tuple(bucket(n) if d == keys else n for d, n in sizes.items())
         return (how, self._stamp(), dtype, device, gpu_name(device), shape)
 
     def _stamp(self) -> tuple[int, int] | None:

@@ -309,9 +309,10 @@ class Kernel:
             geometry = _Geometry(sizes, dtype, device, full_params, config)
             geometry.precision = self._fp32_precision(dtype)
             if self._families.wants(found) and module._splits_keys(sizes):
-                assert found is not None
+                assert found is not None and self._families.length is not None
+                lengths = self._families.length.lengths(found)
                 result, geometry.plan, geometry.refusal, recording = geometry.record_family(
-                    module, tensors, return_lse, on_cpu, found.lengths, found.values
+                    module, tensors, return_lse, on_cpu, lengths, found.values
                 )
                 self._families.recorded(
                     found,
@@ -356,10 +357,8 @@ class Kernel:
         geometry's second sight the family's plan, its values written in, becomes that
         geometry's own (``_geometries``), which later calls replay from C: a model's layers
         call each length once a layer."""
-        if found is None or key is None:
-            return None
-        family = self._families.agreed(found)
-        if family is None or family.precision != self._fp32_precision(family.dtype):
+        family = self._serving_family(found)
+        if key is None or found is None or family is None:
             return None
         inputs = length_family.replay_inputs(tensors, found)
         plan = family.plan
@@ -383,6 +382,14 @@ class Kernel:
             del self._seen_once[key]
             self._geometries.remember(key, self._family_geometry(family, tensors, params, found))
         return result  # type: ignore[no-any-return]  # (out, lse)
+
+    def _serving_family(self, found: length_family.Found | None) -> length_family.Family | None:
+        """The length family that replays ``found``'s calls: agreed, and recorded under
+        PyTorch's TF32 setting as it stands."""
+        family = self._families.agreed(found) if found is not None else None
+        if family is None or family.precision != self._fp32_precision(family.dtype):
+            return None
+        return family
 
     def _family_geometry(
         self,
@@ -492,9 +499,7 @@ class Kernel:
         key = Plans.key(tensors, params, return_lse, False, stream=False)
         geometry = self._geometry(key)
         if geometry is None:
-            found = self._families.find(key, tensors, params)
-            family = self._families.agreed(found) if found is not None else None
-            if family is not None and family.precision == self._fp32_precision(family.dtype):
+            if self._serving_family(self._families.find(key, tensors, params)) is not None:
                 return "replay: its length family"
             return "full: no call of this geometry yet"
         return "replay" if geometry.serving() is not None else f"full: {geometry.refusal}"

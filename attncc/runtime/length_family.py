@@ -36,17 +36,18 @@ VALUE_NAME = "#{}"
 
 
 def bucket(n: int) -> int:
-    """The power-of-two bucket of a length: the least power of two at or above it."""
+    """The power-of-two bucket of a length: the least power of two at or above it (as the
+    split kernels' triton.next_power_of_2; the tuner keys its entries by it too, so a
+    family's configuration holds for each of its lengths)."""
     return 1 << max(0, (max(n, 1) - 1).bit_length())
 
 
 @dataclass(frozen=True)
 class Found:
-    """A call's family: its key, the kernel arguments its plan takes from the call (each
-    with the name its value goes by beside the tensors: ``lengths``), and those values."""
+    """A call's family: its key, and the values of the kernel arguments its plan takes
+    from the call, by the names they go by beside the tensors (``KeyLength.names``)."""
 
     key: tuple[Any, ...]
-    lengths: dict[str, str]
     values: dict[str, int]
 
 
@@ -118,13 +119,16 @@ class KeyLength:
                 length = shape[held]
             for name, size, axis in reads:
                 values[name] = shape[axis] if size else strides[axis]
-        given = tuple(name for param, name in self.param_reads if params.get(param) is not None)
+        given = []
         for param, name in self.param_reads:
-            if name in given:
-                values[name] = params[param]
-        positions = self._positions.get((tuple(tensors), tuple(params)))
+            value = params.get(param)
+            if value is not None:  # (absent: its default, the host's, as recorded)
+                values[name] = value
+                given.append(name)
+        order = (tuple(tensors), tuple(params))
+        positions = self._positions.get(order)
         if positions is None:
-            positions = self._positions[(tuple(tensors), tuple(params))] = self._where(key)
+            positions = self._positions[order] = self._where(key, len(tensors))
         family = list(key)
         for at in positions[0]:
             shape = family[at]
@@ -138,24 +142,21 @@ class KeyLength:
             4 * (-(2**31) <= v < 2**31) + ((v == 1) + 2 * (v % 16 == 0) if n in specialized else 0)
             for n, v in values.items()
         )
-        taken = {arg: name for arg, name in self.names.items() if name in values}
-        return Found((*family, given, classes), taken, values)
+        return Found((*family, tuple(given), classes), values)
 
-    def _where(self, key: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Where ``key`` holds each carrier's shape, and each read param's value."""
-        shapes, values = [], []
-        at = 2  # after (return_lse, falls_back): six items an input, its name first
-        while at < len(key) and isinstance(key[at], str) and at + 5 < len(key):
-            if not isinstance(key[at + 1], tuple):
-                break  # (a param: name, type, value)
-            if key[at] in self.carriers:
-                shapes.append(at + 1)
-            at += 6
-        while at < len(key):
-            if key[at] in self.params:
-                values.append(at + 2)
-            at += 3
-        return tuple(shapes), tuple(values)
+    def lengths(self, found: Found) -> dict[str, str]:
+        """The kernel arguments a plan of ``found``'s family takes from each call, each with
+        the name its value goes by beside the tensors (a param left to its default: none)."""
+        return {arg: name for arg, name in self.names.items() if name in found.values}
+
+    def _where(self, key: tuple[Any, ...], inputs: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Where ``key`` (of ``inputs`` tensors) holds each carrier's shape, and each read
+        param's value: after (return_lse, falls_back), six items an input, its name first,
+        then three a param (name, type, value)."""
+        starts = range(2, 2 + 6 * inputs, 6)
+        shapes = tuple(at + 1 for at in starts if key[at] in self.carriers)
+        params = range(2 + 6 * inputs, len(key), 3)
+        return shapes, tuple(at + 2 for at in params if key[at] in self.params)
 
 
 @dataclass
