@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [coldrounds] [calls] [compiled] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [hf] [hfcompile] [growing] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [coldrounds] [calls] [compiled] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [side] [hf] [hfcompile] [growing] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -175,6 +175,18 @@ if has times; then
         times_args[0]="examples/${times_args[0]}.attn"
         timeout 180 python3 benchmarks/kernel_times.py "${times_args[@]}" 2>&1 \
             | grep -vE "Warning|warn" | tee -a "$OUT/kernel_times_$gpu.txt"
+    done
+fi
+
+if has side; then
+    # side_by_side.py (kernels of several specs and targets on one shape, one process) on
+    # each "SHAPE SPEC@TARGET ..." of SIDE_CASES (;-separated)
+    side_default="4,32,4096,64 causal@cuda softcap@cuda softcap@triton;4,16,4096,128 causal@cuda softcap@cuda softcap@triton"
+    IFS=';' read -ra side_cases <<< "${SIDE_CASES:-$side_default}"
+    for side_case in "${side_cases[@]}"; do
+        read -ra side_args <<< "$side_case"
+        timeout 180 python3 benchmarks/side_by_side.py "${side_args[@]}" 2>&1 \
+            | grep -vE "Warning|warn" | tee -a "$OUT/side_by_side_$gpu.txt"
     done
 fi
 

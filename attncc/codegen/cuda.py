@@ -426,6 +426,7 @@ class _Context:
         if plan.bounds_read_tensors(k.mask_plan):
             values["key_outside"] += f" || {key} < lo || {key} >= hi"
         values["tile_index"] = self.tile_index(self.env(False))
+        values["fixed_reference"] = self.fixed_reference(self.env(False))
         values["hoisted"] = None
         values["keys_early"] = False
         # partial tiles test the row's key interval alone where every mask folded into it
@@ -447,6 +448,16 @@ class _Context:
             values["mask_bounds"] = self.bounds_mask(self.env(False))
             values["bounds_interval"] = interval
         return values
+
+    def fixed_reference(self, env: cu.CudaEnv) -> str | None:
+        """The scores' magnitude bound in log2 units (``plan.fixed_reference_bound``), which
+        the sm_90a kernel compiled with ATTNCC_FIXED_REFERENCE takes as every row's softmax
+        reference: no row max and no rescale of O. The score lines then end in log2 units
+        (a bound needs a score modification, so no exp_scale is folded into the exp2)."""
+        bound = plan.fixed_reference_bound(self.k)
+        if bound is None or self.exp_scale(env) is not None:
+            return None
+        return f"(({cu.cuda_expr(bound, env)}) * ATTNCC_LOG2E)"
 
     def hoisted_sides(self, env: cu.CudaEnv) -> dict[str, Any]:
         """Partial tiles of the fused kernel read each separable mask's sides once: the key

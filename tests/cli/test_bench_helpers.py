@@ -487,6 +487,20 @@ def test_variants_files_match_the_generated_source(path: Path) -> None:
     assert specs, f"{path.name}: name the example first"
     kernel = attncc.compile(max(specs, key=lambda p: len(p.stem)), target=target)
     host = kernel.path.read_text()
-    cuda = kernel.module(False)._CUDA_SOURCES["hopper"] if target == "cuda" else ""
+    sources = kernel.module(False)._CUDA_SOURCES if target == "cuda" else {}
+    cuda = sources.get("hopper", "")
+    # the host module embeds every family's source: a text only another family holds would
+    # change that family's kernel, not the one the A/B times
+    others = "".join(text for family, text in sources.items() if family != "hopper")
     for name, replacements in ab.load_variants(str(path)).items():
         ab.split_replacements(host, cuda, name, replacements)  # SystemExit names a stale one
+        for old, _ in replacements:
+            assert old in cuda or old not in others, f"{path.name} {name}: {old!r} is stale"
+
+
+def test_side_by_side_takes_example_names_or_spec_paths() -> None:
+    """side_by_side.py's entries name an example (examples/NAME.attn) or a spec file."""
+    side = _script("side_by_side")
+    assert side.spec_path("softcap") == EXAMPLES / "softcap.attn"
+    assert side.spec_path("softcap").is_file()
+    assert side.spec_path("elsewhere/my.attn") == Path("elsewhere/my.attn")

@@ -194,6 +194,17 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
         "hopper",
         {**WIDE_256, "ATTNCC_TMA": 0, "ATTNCC_Q_BUFFERS": 2, "ATTNCC_DP": 192, "ATTNCC_DVP": 128},
     ),
+    # the scores' bound as the softmax reference (soft-capping in bf16): head dim 128's
+    # default, head dim 64's three groups, with the row sums from the MMAs, one group
+    "wgmma2-fixed-reference-bf16-128": ("hopper", {"ATTNCC_FIXED_REFERENCE": 1}),
+    "wgmma2-fixed-reference-bf16-64": (
+        "hopper",
+        {**THREE_GROUPS_64, "ATTNCC_FIXED_REFERENCE": 1},
+    ),
+    "wgmma2-fixed-reference-row-sums-bf16-64": (
+        "hopper",
+        {**THREE_GROUPS_64, "ATTNCC_ROW_SUMS_MMA": 1, "ATTNCC_FIXED_REFERENCE": 1},
+    ),
     # the sm_90a backward: its defaults (head dim 128, bf16, dK and dV in bf16), head dim 64
     # in fp16 with float32 dK and dV (buffers summed afterwards), and those at head dim 128
     "backward-bf16-128": ("backward", {}),
@@ -203,7 +214,12 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
     ),
     "backward-bf16-128-dkv-f32": ("backward", {"ATTNCC_DKV_F32": 1}),
 }
-FULL_COMPILE = [("gqa_causal", variant) for variant in VARIANTS if variant != "wgmma2-default"]
+FULL_COMPILE = [
+    ("gqa_causal", variant)
+    for variant in VARIANTS
+    if variant != "wgmma2-default" and "fixed-reference" not in variant  # no bound
+]
+FULL_COMPILE += [("softcap", variant) for variant in VARIANTS if "fixed-reference" in variant]
 # a mask left residual by the key interval (prefix LM's union) in the backward
 FULL_COMPILE += [("prefix_lm", variant) for variant in ("backward-bf16-128", "backward-f16-64")]
 # the chain rule through a score modification (softcap's tanh; ALiBi's slopes, read per head)
@@ -453,6 +469,21 @@ def test_fp8_weights_follow_every_tiles_max() -> None:
     plain = build(EXAMPLES / "gqa_causal.attn", target="cuda").source
     assert "constexpr float RESCALE_SLACK = 8.0f;" in plain
     assert "RESCALE_SLACK = 0.0f" not in plain and "m_i[0][h] -= FP8_WEIGHT_LOG2" not in plain
+
+
+def test_the_sm90a_kernel_takes_the_scores_bound_where_the_host_asks() -> None:
+    """Soft-capping's hopper source holds the scores' bound as a softmax reference
+    (ATTNCC_FIXED_REFERENCE: scores kept relative to it, no row max), which a spec without a
+    bound refuses at compile time; the host's _defines names it only for a call that takes it."""
+    softcap = dict(rendered("softcap").sources)["hopper"]
+    assert "const float score_ref = ((fabsf(p_cap)) * ATTNCC_LOG2E);" in softcap
+    assert "s2 -= score_ref;" in softcap
+    causal = dict(rendered("causal").sources)["hopper"]
+    assert 'static_assert(!ATTNCC_FIXED_REFERENCE, "the spec\'s scores have no bound");' in causal
+    module = attncc.compile(EXAMPLES / "softcap.attn", target="cuda").module(False)
+    tiles = (torch.bfloat16, 64, 64, (12, 1, 128), None, True, 2, 1, (1, 3, 2), 0)
+    assert dict(module._defines(*tiles, 1))["ATTNCC_FIXED_REFERENCE"] == 1
+    assert "ATTNCC_FIXED_REFERENCE" not in dict(module._defines(*tiles, 0))
 
 
 def test_golden_cuda_source() -> None:
@@ -721,8 +752,8 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
     on 132 SMs, of 1057 (144 tiles) stays; a sliding window at head dim 64 stays from 2 x 8 x
     17 tiles; causal at head dim 64 from 2 x 8 x 33, at head dim 128 from 2 x 8 x 25; a call
     the kernels cannot take never stays, nor one of soft-capping (a tanh a score) at head
-    dim 64, nor at head dim 128 one the Triton kernel runs with the scores' bound as its
-    softmax reference (bfloat16, the cap at most 50 / log2(e): float16 stays)."""
+    dim 64; at head dim 128 it stays, with the scores' bound as its softmax reference or
+    not."""
 
     def module(name: str) -> Any:
         compiled = attncc.compile(EXAMPLES / f"{name}.attn", target="cuda").module(False)
@@ -753,7 +784,7 @@ def test_auto_hands_calls_with_fewer_query_tiles_than_multiprocessors_to_triton(
     assert not stays(window, 2048) and stays(window, 2049)  # 256 and 2 x 8 x 17 = 272
     assert not stays(causal, 4096) and stays(causal, 4097)  # 512 and 2 x 8 x 33 = 528
     assert stays(causal, 3073, head_dim=128) and not stays(causal, 3072, head_dim=128)
-    assert not stays(softcap, 16384) and not stays(softcap, 16384, head_dim=128)
+    assert not stays(softcap, 16384) and stays(softcap, 16384, head_dim=128)
     assert stays(softcap, 16384, head_dim=128, dtype=torch.float16)
     assert stays(softcap, 16384, head_dim=128, params={"cap": 50.0})
     assert not stays(full, 4096, dtype=torch.float32)

@@ -196,24 +196,37 @@ def test_fp8_quantize_kernel_matches_torch_on_gpu(dtype: torch.dtype, d: int) ->
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
 
 
+@pytest.mark.parametrize("target", ["triton", "cuda"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_softcap_rows_far_below_the_cap_on_gpu(head_dim: int) -> None:
-    """bf16 soft-capping takes the cap as its softmax reference (FIXED_REFERENCE, default
-    target: Triton's kernel): rows whose every score sits near -cap have weights near
-    2^-86 of the reference, and must still match the float64 reference (tanh.approx.f32)."""
+def test_softcap_rows_far_below_the_cap_on_gpu(
+    head_dim: int, target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 soft-capping takes the cap as its softmax reference (Triton's FIXED_REFERENCE,
+    the sm_90a kernel's ATTNCC_FIXED_REFERENCE, which the host compiles it with): rows
+    whose every score sits near -cap have weights near 2^-86 of the reference, and must
+    still match the float64 reference (tanh.approx.f32)."""
     from kernels._support import evaluate
 
-    kernel = attncc.compile(EXAMPLE_DIR / "softcap.attn")
+    if target == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a kernel needs an H100/H200")
+    kernel = attncc.compile(EXAMPLE_DIR / "softcap.attn", target=target)
+    asked: list[tuple[Any, ...]] = []
+    if target == "cuda":
+        module = kernel.module(interpreted=False)
+        defines = module._defines
+        monkeypatch.setattr(module, "_defines", lambda *a: asked.append(a) or defines(*a))
     gen = torch.Generator().manual_seed(head_dim)
     q = torch.randn(2, 4, 300, head_dim, generator=gen)
     k, v = (torch.randn(2, 4, 300, head_dim, generator=gen) for _ in range(2))
     k[:, 1], q[:, 1] = k[:, 1].abs() * 4.0, -q[:, 1].abs() * 4.0  # head 1: scores << -cap
     inputs = {n: t.to("cuda", torch.bfloat16) for n, t in {"q": q, "k": k, "v": v}.items()}
-    assert kernel.backend_for(**inputs) == "triton"
+    assert kernel.backend_for(**inputs) == target
     verdict, lse_verdict, _, lse = evaluate(kernel, inputs, {}, torch.bfloat16)
     assert verdict.ok, verdict
     assert lse_verdict.ok, lse_verdict
     assert (lse[:, 1] < -20.0).all()
+    if target == "cuda":
+        assert any(dict(defines(*a)).get("ATTNCC_FIXED_REFERENCE") == 1 for a in asked)
 
 
 def _assert_replays_from_c(kernel: Any, args: Any) -> None:
