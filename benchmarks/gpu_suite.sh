@@ -287,11 +287,12 @@ if has profile; then
     # Nsight Compute (tensor pipe, stall reasons, shared-memory conflicts, occupancy): where
     # each kernel's time goes. PROFILE_CASES: "SPEC SHAPE TARGET;..." (TARGET cuda, triton,
     # flex or cuda-backward; default: the causal prefill of all three at D=128). PROFILE_SASS=1 also samples
-    # the warps' stalls per SASS instruction ($OUT/ncu_<case>_sass.csv.gz: the source page)
+    # the warps' stalls per SASS instruction ($OUT/ncu_<case>_sass.csv.gz: the source page);
+    # PROFILE_KERNELS names the kernels otherwise (a regex: "split" for split-KV decode)
     IFS=';' read -ra profile_cases <<< "${PROFILE_CASES:-causal 4,16,4096,128 cuda;causal 4,16,4096,128 triton;causal 4,16,4096,128 flex}"
     for profile_case in "${profile_cases[@]}"; do
         read -r p_spec p_shape p_target <<< "$profile_case"
-        kernels="fwd|fused"
+        kernels=${PROFILE_KERNELS:-fwd|fused}
         [ "$p_target" = flex ] && kernels="tem"  # Inductor's template kernel
         [ "$p_target" = cuda-backward ] && kernels="_bwd$"
         name="${p_spec}_${p_shape//[,:]/_}_$p_target"
