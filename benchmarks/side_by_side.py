@@ -63,7 +63,8 @@ def main() -> None:
         contenders[entry] = lambda k=kernel, a=call_args: median_ms([lambda: k(*a)], False)
     best = time_rounds(contenders, args.rounds)
     first = best.get(args.entries[0])
-    for entry, ms in best.items():
+    for entry in args.entries:  # as given (time_rounds' order alternates)
+        ms = best.get(entry)
         if ms is None:
             print(f"  {entry:32s} failed")
             continue
