@@ -91,6 +91,7 @@ def tables(k: ir.AttentionKernel) -> dict[str, Any]:
                 "bound": cx.host_expr(bound, "sizes", "params"),
                 "text": expr_str(bound),
                 "log2e": repr(math.log2(math.e)),
+                "limit": repr(plan.FIXED_REFERENCE_LIMIT),
             }
             if bound is not None
             else None

@@ -491,6 +491,18 @@ def score_bound(mods: tuple[ir.Expr, ...]) -> ir.Expr | None:
     return _magnitude_bound(mods[-1]) if mods else None
 
 
+# A fused kernel taking a fixed softmax reference R for scores bounded by B (log2 units) has
+# its weights 2^(s2 - R) in [2^-(B + R), 2^(B - R)]: the smallest must stay a normal float
+# whose products with V stay normal too, at least 2^-FIXED_REFERENCE_FLOOR, and the largest
+# at most 2^64, so a row's sum over 2^31 keys and its output stay far inside float32's
+# range. R = B (weights at most 1) keeps the first up to B = 50; past it R =
+# FIXED_REFERENCE_FLOOR - B does, and keeps the second up to B = 82, FIXED_REFERENCE_LIMIT
+# (soft-capping's cap 56.8; Gemma-2's 50 is B = 72.1). P rounds to 16 bits as it does
+# relative to a row max: bfloat16 has float32's exponent range.
+FIXED_REFERENCE_FLOOR = 100.0
+FIXED_REFERENCE_LIMIT = 82.0
+
+
 def fixed_reference_bound(kernel: ir.AttentionKernel) -> ir.Expr | None:
     """The scores' magnitude bound (``score_bound``) where a fused kernel may take it as its
     softmax reference (the Triton kernel's FIXED_REFERENCE, decided by the host a call): none

@@ -734,7 +734,10 @@ class _Context:
         scalars = self.env(vector=False)
         bound = plan.fixed_reference_bound(k)
         if bound is not None:
-            prologue.append(f"score_bound = ({cx.triton_expr(bound, scalars)}) * {LOG2E!r}")
+            # the fixed softmax reference, log2 units (plan.FIXED_REFERENCE_FLOOR)
+            bound2 = f"({cx.triton_expr(bound, scalars)}) * {LOG2E!r}"
+            floor = plan.FIXED_REFERENCE_FLOOR
+            prologue.append(f"score_ref = tl.minimum({bound2}, {floor!r} - {bound2})")
         k_parts = self.kv_operand(k.key, k.head_axis.index, scalars)
         v_parts = self.kv_operand(k.value, k.value_axis.index, scalars)
         kernel_params, launch_args = self.kernel_params()

@@ -194,8 +194,8 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
         "hopper",
         {**WIDE_256, "ATTNCC_TMA": 0, "ATTNCC_Q_BUFFERS": 2, "ATTNCC_DP": 192, "ATTNCC_DVP": 128},
     ),
-    # the scores' bound as the softmax reference (soft-capping in bf16): head dim 128's
-    # default, head dim 64's three groups, with the row sums from the MMAs, one group
+    # a softmax reference fixed from the scores' bound (soft-capping in bf16): head dim 128's
+    # default, head dim 64's three groups, with the row sums from the MMAs, head dim 256's
     "wgmma2-fixed-reference-bf16-128": ("hopper", {"ATTNCC_FIXED_REFERENCE": 1}),
     "wgmma2-fixed-reference-bf16-64": (
         "hopper",
@@ -205,6 +205,7 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
         "hopper",
         {**THREE_GROUPS_64, "ATTNCC_ROW_SUMS_MMA": 1, "ATTNCC_FIXED_REFERENCE": 1},
     ),
+    "wgmma2-fixed-reference-wide-bf16-256": ("hopper", {**WIDE_256, "ATTNCC_FIXED_REFERENCE": 1}),
     # the sm_90a backward: its defaults (head dim 128, bf16, dK and dV in bf16), head dim 64
     # in fp16 with float32 dK and dV (buffers summed afterwards), and those at head dim 128
     "backward-bf16-128": ("backward", {}),
@@ -476,7 +477,8 @@ def test_the_sm90a_kernel_takes_the_scores_bound_where_the_host_asks() -> None:
     (ATTNCC_FIXED_REFERENCE: scores kept relative to it, no row max), which a spec without a
     bound refuses at compile time; the host's _defines names it only for a call that takes it."""
     softcap = dict(rendered("softcap").sources)["hopper"]
-    assert "const float score_ref = ((fabsf(p_cap)) * ATTNCC_LOG2E);" in softcap
+    ref = "fminf((fabsf(p_cap)) * ATTNCC_LOG2E, 100.0f - (fabsf(p_cap)) * ATTNCC_LOG2E)"
+    assert f"const float score_ref = {ref};" in softcap
     assert "s2 -= score_ref;" in softcap
     causal = dict(rendered("causal").sources)["hopper"]
     assert 'static_assert(!ATTNCC_FIXED_REFERENCE, "the spec\'s scores have no bound");' in causal

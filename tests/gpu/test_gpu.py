@@ -196,14 +196,16 @@ def test_fp8_quantize_kernel_matches_torch_on_gpu(dtype: torch.dtype, d: int) ->
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
 
 
+@pytest.mark.parametrize("cap", [30.0, 56.8])
 @pytest.mark.parametrize("target", ["triton", "cuda"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_softcap_rows_far_below_the_cap_on_gpu(
-    head_dim: int, target: str, monkeypatch: pytest.MonkeyPatch
+    head_dim: int, target: str, cap: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """bf16 soft-capping takes the cap as its softmax reference (Triton's FIXED_REFERENCE,
-    the sm_90a kernel's ATTNCC_FIXED_REFERENCE, which the host compiles it with): rows
-    whose every score sits near -cap have weights near 2^-86 of the reference, and must
+    """bf16 soft-capping takes a softmax reference fixed from the cap (Triton's
+    FIXED_REFERENCE, the sm_90a kernel's ATTNCC_FIXED_REFERENCE, which the host compiles it
+    with): rows whose every score sits near -cap have weights down to 2^-86 (cap 30) or
+    2^-100 (56.8, the largest cap that takes it, its largest weights up to 2^64) and must
     still match the float64 reference (tanh.approx.f32)."""
     from kernels._support import evaluate
 
@@ -220,8 +222,8 @@ def test_softcap_rows_far_below_the_cap_on_gpu(
     k, v = (torch.randn(2, 4, 300, head_dim, generator=gen) for _ in range(2))
     k[:, 1], q[:, 1] = k[:, 1].abs() * 4.0, -q[:, 1].abs() * 4.0  # head 1: scores << -cap
     inputs = {n: t.to("cuda", torch.bfloat16) for n, t in {"q": q, "k": k, "v": v}.items()}
-    assert kernel.backend_for(**inputs) == target
-    verdict, lse_verdict, _, lse = evaluate(kernel, inputs, {}, torch.bfloat16)
+    assert kernel.backend_for(**inputs, cap=cap) == target
+    verdict, lse_verdict, _, lse = evaluate(kernel, inputs, {"cap": cap}, torch.bfloat16)
     assert verdict.ok, verdict
     assert lse_verdict.ok, lse_verdict
     assert (lse[:, 1] < -20.0).all()

@@ -1,8 +1,9 @@
 """Scores with a magnitude bound (soft-capping: |cap * tanh(s / cap)| <= |cap|): the fused
-Triton kernel may take the bound as its softmax reference (FIXED_REFERENCE), with no row
-max. Which specs get the switch (plan.score_bound), which calls take it (the host's
-_fixed_reference), and its results against the float64 reference and the online max's, on
-rows whose every score sits far below the bound too (their weights near 2^-2bound)."""
+Triton kernel may take a softmax reference fixed from the bound (FIXED_REFERENCE,
+plan.FIXED_REFERENCE_FLOOR), with no row max. Which specs get the switch
+(plan.score_bound), which calls take it (the host's _fixed_reference), and its results
+against the float64 reference and the online max's, on rows whose every score sits far
+below the bound too (their weights down to 2^-(bound + reference))."""
 
 from __future__ import annotations
 
@@ -72,8 +73,9 @@ def test_only_the_fused_kernel_of_a_bounded_spec_without_a_sink_has_the_switch()
         (-30.0, torch.bfloat16, True),
         (30.0, torch.float32, True),
         (30.0, torch.float16, False),  # its weights would fall below float16's normals
-        (34.0, torch.bfloat16, True),
-        (35.0, torch.bfloat16, False),  # 35 log2(e) > 50: weights down to 2^-101
+        (50.0, torch.bfloat16, True),  # Gemma-2's
+        (56.8, torch.bfloat16, True),  # 56.8 log2(e) = 81.9: weights in [2^-100, 2^63.9]
+        (57.0, torch.bfloat16, False),  # 57 log2(e) = 82.2 > plan.FIXED_REFERENCE_LIMIT
         (math.inf, torch.bfloat16, False),
     ],
 )
@@ -100,8 +102,13 @@ def _inputs(
 @pytest.mark.parametrize("far_below", [False, True], ids=["random", "far-below-the-cap"])
 @pytest.mark.parametrize(
     ("cap", "dtype"),
-    [(30.0, torch.bfloat16), (34.6, torch.bfloat16), (34.6, torch.float32)],
-    ids=["bf16-cap30", "bf16-cap34.6", "fp32-cap34.6"],  # 34.6 log2(e) = 49.9: the largest
+    [
+        (30.0, torch.bfloat16),
+        (50.0, torch.bfloat16),  # Gemma-2's
+        (56.8, torch.bfloat16),  # 56.8 log2(e) = 81.9: the largest, weights down to 2^-100
+        (56.8, torch.float32),
+    ],
+    ids=["bf16-cap30", "bf16-cap50", "bf16-cap56.8", "fp32-cap56.8"],
 )
 def test_the_bound_as_reference_matches_the_reference_and_the_online_max(
     far_below: bool, cap: float, dtype: torch.dtype
@@ -113,7 +120,7 @@ def test_the_bound_as_reference_matches_the_reference_and_the_online_max(
     assert verdict.ok, verdict
     assert lse_verdict.ok, lse_verdict
     if far_below:
-        assert (lse[:, 1] < -20.0).all()  # the case it is about: weights near 2^-86 of 1
+        assert (lse[:, 1] < -20.0).all()  # the case it is about: scores far below the bound
     module = kernel.module(interpreted=True)
     with interpreter(True):
         tensors, given = module._bind([], {**inputs, **params})
