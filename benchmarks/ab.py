@@ -3,6 +3,7 @@ default change would buy, measured in one device call before the template change
 
     python3 benchmarks/ab.py SPEC "B,H:KVH,S,D" VARIANTS.json [--target triton|cuda]
         [--dtype bf16|fp16] [--rounds 3] [--config JSON] [--documents 4 | --document-mean N]
+        [--param NAME=VALUE ...]
 
 VARIANTS.json maps a variant's name to its text replacements, ``{"name": [[old, new], ...]}``;
 ``"name": []`` is an identical copy (a control: how far two timings of one kernel differ).
@@ -97,6 +98,24 @@ def random_documents(inputs: dict[str, Any], kernel: Any, keys: int, mean: int) 
             inputs[arg.name] = ids.to(old).expand(old.shape).contiguous()
 
 
+def param_values(pairs: list[str]) -> dict[str, int | float]:
+    """``--param NAME=VALUE`` pairs as the call's params (ints where the text is one)."""
+    values: dict[str, int | float] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--param {pair!r}: expected NAME=VALUE")
+        for kind in (int, float):
+            try:
+                values[name] = kind(value)
+                break
+            except ValueError:
+                continue
+        else:
+            raise SystemExit(f"--param {pair!r}: {value!r} is not a number")
+    return values
+
+
 def call_config(kernel: Any, inputs: dict[str, Any], config: dict[str, int] | None) -> Any:
     """The launch configuration the A/B runs: ``config`` where given, else what a call of
     these inputs runs with on the Triton target (None on the CUDA target: the host's tiles)."""
@@ -114,6 +133,13 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--config", type=json.loads, default=None)
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a param's value instead of its default (soft-capping's cap=50)",
+    )
     parser.add_argument("--documents", type=int, default=4, help="equal documents of doc ids")
     parser.add_argument(
         "--document-mean",
@@ -150,7 +176,7 @@ def main() -> None:
     rows = sizes[kernel.ir.query_axis.dim] if kernel.ir.query_axis else 1
     graphed = rows <= 16
     copies = cold_copies(inputs) if graphed else [inputs]
-    params = kernel.param_defaults(sizes)
+    params = {**kernel.param_defaults(sizes), **param_values(args.param)}
     kv_names = (kernel.ir.key.tensor, kernel.ir.value.tensor)
     kv_bytes = sum(inputs[t].numel() * inputs[t].element_size() for t in kv_names)
     config = call_config(kernel, inputs, args.config)

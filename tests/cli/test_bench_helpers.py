@@ -504,3 +504,14 @@ def test_side_by_side_takes_example_names_or_spec_paths() -> None:
     assert side.spec_path("softcap") == EXAMPLES / "softcap.attn"
     assert side.spec_path("softcap").is_file()
     assert side.spec_path("elsewhere/my.attn") == Path("elsewhere/my.attn")
+
+
+def test_ab_takes_param_values_as_numbers() -> None:
+    """ab.py's --param NAME=VALUE: ints where the text is one, floats else, one clear error
+    for anything but a number."""
+    ab = _script("ab")
+    assert ab.param_values(["cap=50", "scale=0.125"]) == {"cap": 50, "scale": 0.125}
+    assert isinstance(ab.param_values(["cap=50"])["cap"], int)
+    for bad in ("cap", "=3", "cap=fifty"):
+        with pytest.raises(SystemExit, match="--param"):
+            ab.param_values([bad])
