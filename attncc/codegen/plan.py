@@ -506,9 +506,9 @@ FIXED_REFERENCE_LIMIT = 82.0
 def fixed_reference_bound(kernel: ir.AttentionKernel) -> ir.Expr | None:
     """The scores' magnitude bound (``score_bound``) where a fused kernel may take a softmax
     reference fixed from it (FIXED_REFERENCE_FLOOR; Triton's FIXED_REFERENCE, the sm_90a
-    kernel's ATTNCC_FIXED_REFERENCE, decided by the host a call): none
-    with a sink (its logit has no bound), FP8 inputs (their weights carry an offset of their
-    own, FP8_WEIGHT_LOG2) or the naive schedule (no online softmax)."""
+    kernel's ATTNCC_FIXED_REFERENCE, decided by the host a call): none with a sink (its
+    logit has no bound), FP8 inputs (their weights carry an offset of their own,
+    FP8_WEIGHT_LOG2) or the naive schedule (no online softmax)."""
     if kernel.sink is not None or kernel.fp8 or kernel.schedule == "naive":
         return None
     return score_bound(kernel.score_mods)
