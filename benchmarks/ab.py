@@ -55,15 +55,23 @@ def load_variants(path: str) -> Variants:
 
 
 def split_replacements(
-    host: str, kernel_source: str, name: str, replacements: list[list[str]]
+    host: str,
+    kernel_source: str,
+    name: str,
+    replacements: list[list[str]],
+    other_sources: str = "",
 ) -> tuple[str, str]:
     """(host module, kernel source) with ``replacements`` applied: each to the kernel source
     (the CUDA C++ the host compiles) where its text is there, else to the host module. The
     host embeds the kernel sources, so kernel text is often in both; the module compiles
-    the patched kernel source (use_family_source), not its own copy."""
+    the patched kernel source (use_family_source), not its own copy. A text only the other
+    families' sources hold (``other_sources``, embedded in the host too) is an error: it
+    would change a kernel the A/B does not time."""
     for old, new in replacements:
         if kernel_source and old in kernel_source:
             kernel_source = kernel_source.replace(old, new)
+        elif old in other_sources:
+            raise SystemExit(f"variant {name}: {old!r} is in another family's source only")
         elif old in host:
             host = host.replace(old, new)
         else:
@@ -166,9 +174,10 @@ def main() -> None:
     variants = load_variants(args.variants)
     kernel = attncc.compile(args.spec, target=args.target)
     host = kernel.path.read_text()
-    cuda_source = getattr(kernel.module(interpreted=False), "_CUDA_SOURCES", {}).get(
-        args.family, ""
-    )
+    sources = getattr(kernel.module(interpreted=False), "_CUDA_SOURCES", {})
+    cuda_source = sources.get(args.family, "")
+    # the other families' sources, which the host module embeds too
+    others = "".join(text for family, text in sources.items() if family != args.family)
     sizes = sizes_for(kernel.ir, Shape.parse(args.shape))
     inputs = bench_inputs(kernel.ir, sizes, DTYPES[args.dtype], documents=args.documents)
     if args.document_mean is not None:
@@ -188,7 +197,9 @@ def main() -> None:
     reference = None
     contenders: dict[str, Callable[[], float]] = {}
     for name, replacements in variants.items():
-        patched_host, patched_cuda = split_replacements(host, cuda_source, name, replacements)
+        patched_host, patched_cuda = split_replacements(
+            host, cuda_source, name, replacements, others
+        )
         tag = hashlib.sha256(json.dumps([name, replacements]).encode()).hexdigest()[:12]
         path = Path(cache_dir()) / "modules" / f"ab_{tag}_{kernel.path.name}"
         atomic_write(path, patched_host)
