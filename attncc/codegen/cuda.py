@@ -450,16 +450,14 @@ class _Context:
         return values
 
     def fixed_reference(self, env: cu.CudaEnv) -> str | None:
-        """The fixed softmax reference of scores with a magnitude bound
-        (``plan.fixed_reference_bound``, ``plan.FIXED_REFERENCE_FLOOR``) in log2 units,
-        which the sm_90a kernel compiled with ATTNCC_FIXED_REFERENCE takes as every row's: no
-        row max and no rescale of O. The score lines then end in log2 units (a bound needs a
-        score modification, so no exp_scale is folded into the exp2)."""
-        bound = plan.fixed_reference_bound(self.k)
-        if bound is None or self.exp_scale(env) is not None:
+        """The fixed softmax reference (``plan.fixed_reference``, log2 units), which the
+        sm_90a kernel compiled with ATTNCC_FIXED_REFERENCE takes as every row's: no row max
+        and no rescale of O. The score lines then end in log2 units (a bound needs a score
+        modification, so no exp_scale is folded into the exp2)."""
+        reference = plan.fixed_reference(self.k)
+        if reference is None or self.exp_scale(env) is not None:
             return None
-        bound2 = f"({cu.cuda_expr(bound, env)}) * ATTNCC_LOG2E"
-        return f"fminf({bound2}, {plan.FIXED_REFERENCE_FLOOR!r}f - {bound2})"
+        return cu.cuda_expr(reference, env)
 
     def hoisted_sides(self, env: cu.CudaEnv) -> dict[str, Any]:
         """Partial tiles of the fused kernel read each separable mask's sides once: the key

@@ -501,6 +501,8 @@ def score_bound(mods: tuple[ir.Expr, ...]) -> ir.Expr | None:
 # relative to a row max: bfloat16 has float32's exponent range.
 FIXED_REFERENCE_FLOOR = 100.0
 FIXED_REFERENCE_LIMIT = 82.0
+# log2(e): base-2 exponents of natural-log scores
+LOG2E = 1.4426950408889634
 
 
 def fixed_reference_bound(kernel: ir.AttentionKernel) -> ir.Expr | None:
@@ -512,6 +514,18 @@ def fixed_reference_bound(kernel: ir.AttentionKernel) -> ir.Expr | None:
     if kernel.sink is not None or kernel.fp8 or kernel.schedule == "naive":
         return None
     return score_bound(kernel.score_mods)
+
+
+def fixed_reference(kernel: ir.AttentionKernel) -> ir.Expr | None:
+    """The fixed softmax reference in log2 units, min(B, FIXED_REFERENCE_FLOOR - B) of the
+    bound B (``fixed_reference_bound`` times log2(e)), for both targets' kernels to render;
+    None where the spec's scores have no bound a kernel takes."""
+    bound = fixed_reference_bound(kernel)
+    if bound is None:
+        return None
+    bound2 = ir.BinOp("*", bound, ir.Const(LOG2E, "float"), "float")
+    rest = ir.BinOp("-", ir.Const(FIXED_REFERENCE_FLOOR, "float"), bound2, "float")
+    return ir.Call("min", (bound2, rest), "float")
 
 
 def _magnitude_bound(expr: ir.Expr) -> ir.Expr | None:

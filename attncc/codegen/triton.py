@@ -19,7 +19,7 @@ from attncc.passes.schedule import group_subscript
 from attncc.spec import ast
 
 TEMPLATE_DIR = templating.TEMPLATES / "triton"
-LOG2E = 1.4426950408889634
+LOG2E = plan.LOG2E
 
 
 def environment() -> jinja2.Environment:
@@ -732,12 +732,9 @@ class _Context:
         tiled = k.schedule != "naive"
         prologue, _ = self.score_lines(hoist=tiled)
         scalars = self.env(vector=False)
-        bound = plan.fixed_reference_bound(k)
-        if bound is not None:
-            # the fixed softmax reference, log2 units (plan.FIXED_REFERENCE_FLOOR)
-            bound2 = f"({cx.triton_expr(bound, scalars)}) * {LOG2E!r}"
-            floor = plan.FIXED_REFERENCE_FLOOR
-            prologue.append(f"score_ref = tl.minimum({bound2}, {floor!r} - {bound2})")
+        reference = plan.fixed_reference(k)
+        if reference is not None:
+            prologue.append(f"score_ref = {cx.triton_expr(reference, scalars)}")
         k_parts = self.kv_operand(k.key, k.head_axis.index, scalars)
         v_parts = self.kv_operand(k.value, k.value_axis.index, scalars)
         kernel_params, launch_args = self.kernel_params()

@@ -477,7 +477,8 @@ def test_the_sm90a_kernel_takes_the_scores_bound_where_the_host_asks() -> None:
     (ATTNCC_FIXED_REFERENCE: scores kept relative to it, no row max), which a spec without a
     bound refuses at compile time; the host's _defines names it only for a call that takes it."""
     softcap = dict(rendered("softcap").sources)["hopper"]
-    ref = "fminf((fabsf(p_cap)) * ATTNCC_LOG2E, 100.0f - (fabsf(p_cap)) * ATTNCC_LOG2E)"
+    bound = "(fabsf(p_cap) * 1.4426950408889634f)"
+    ref = f"fminf({bound}, (100.0f - {bound}))"
     assert f"const float score_ref = {ref};" in softcap
     assert "s2 -= score_ref;" in softcap
     causal = dict(rendered("causal").sources)["hopper"]
