@@ -5,7 +5,7 @@
 # GPU (`matrix_h100.jsonl`, `startup_h100.txt`); a short summary is printed last. Every step
 # is described in benchmarks/README.md.
 #
-#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [coldrounds] [calls] [compiled] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [side] [hf] [hfcompile] [growing] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [bwdcuda] [bwdhost]
+#   bash benchmarks/gpu_suite.sh [tests] [check] [kernels] [bench] [backward] [quick] [auto] [startup] [firstcall] [coldrounds] [calls] [compiled] [decode] [sweep] [cuda] [cudacol] [profile] [ab] [times] [side] [hf] [hfcompile] [growing] [varlen] [wide] [fp8] [heuristic] [parts] [onepass] [gradients] [fuzz] [bwdcuda] [bwdhost]
 #   (default: tests check bench startup)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -392,6 +392,18 @@ if has gradients; then
     timeout 560 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_backward.py \
         > "$OUT/gradient_tests.log" 2>&1
     grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/gradient_tests.log" | head -30
+fi
+
+if has fuzz; then
+    # tests/gpu/test_gpu_properties.py as a fuzz: FUZZ_DRAWS fresh draws a test (5) of shapes,
+    # layouts, dtypes and params for every example's forward on both targets and gradients on
+    # both backward backends, 16 processes side by side; a failure's draw lands in fuzz.txt as
+    # it fails (FUZZ_K: a -k expression, FUZZ_TIMEOUT_S: the limit, 400)
+    ATTNCC_AUTOTUNE=0 ATTNCC_GPU_FUZZ=${FUZZ_DRAWS:-5} ATTNCC_GPU_FUZZ_LOG="$OUT/fuzz.txt" \
+        timeout "${FUZZ_TIMEOUT_S:-400}" python3 -m pytest -q -p no:cacheprovider -n 16 \
+        tests/gpu/test_gpu_properties.py ${FUZZ_K:+-k "$FUZZ_K"} > "$OUT/fuzz.log" 2>&1
+    echo "fuzz: exit $?; $(tail -1 "$OUT/fuzz.log")"
+    [ -s "$OUT/fuzz.txt" ] && cut -c1-300 "$OUT/fuzz.txt"
 fi
 
 if has hf; then
