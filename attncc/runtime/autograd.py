@@ -27,6 +27,12 @@ from attncc.torch_eval import evaluate
 
 __all__ = ["Backward", "last_backend", "prepare"]
 
+# the Triton backward's tiles, (block_m, block_n, num_warps, num_stages) of both kernels, from
+# the module's default down, each tried where the one before does not fit the GPU's shared
+# memory: float32 at head dim 128 asks 256 KiB at the default, 512 at head dims 192 and 256
+# (H200: 227 KiB; triton.runtime.errors.OutOfResources)
+SMALLER_TILES = ((64, 64, 4, 1), (32, 32, 4, 1), (16, 16, 4, 1))
+
 # the backend the last backward of this process took ("cuda" or "triton: WHY"), kept here
 # rather than on a Backward: a kernel's torch op may be another Kernel's of the same spec
 # (the op registry keeps the first one's)
@@ -64,6 +70,9 @@ class Backward:
         # by call geometry, needed gradients and backend: a backward to repeat with nothing
         # decided again (_Repeat)
         self._repeats = Plans()
+        # by (dtype, head dim, value dim, device): the Triton backward's tiles where its
+        # default did not fit (SMALLER_TILES)
+        self._fitted: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}
 
     def module(self, interpreted: bool) -> ModuleType:
         return load_module(self.path, interpreted)
@@ -205,18 +214,12 @@ class Backward:
             else:
                 # the Triton module (Triton's import and JIT objects) loaded where Triton's
                 # backward runs alone: the sm_90a backward needs none of it
-                dq, dk, dv, buffers, launch = self._buffers(
+                explicit = config.get("dq_config") or config.get("dkdv_config")
+                dq, dk, dv, buffers, launch = self._fitting_buffers(
                     self.module(on_cpu),
-                    tensors,
-                    params,
-                    out,
-                    lse,
-                    dout,
-                    flat_dlse,
-                    sizes,
-                    dtype,
-                    device,
+                    (tensors, params, out, lse, dout, flat_dlse, sizes, dtype, device),
                     schedule,
+                    explicit is not None,
                 )
                 sides = list(zip(self.sides, buffers, strict=True))
         grads: dict[str, torch.Tensor] = {}
@@ -331,6 +334,47 @@ class Backward:
         _LAST[0] = "cuda"
         dq, dk, dv = done
         return dq, dk, dv, plan, walked  # plan: a BackwardPlan, called as _Repeat's launch
+
+    def _fitting_buffers(
+        self,
+        module: ModuleType,
+        call: tuple[Any, ...],
+        schedule: tuple[Any, ...],
+        explicit: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], Any]:
+        """``_buffers`` of ``call`` (its arguments before the schedule) on the tiles that fit
+        the GPU's shared memory: the module's default, else the first of SMALLER_TILES that
+        fits, remembered for the call's dtype, head dims and device (``explicit``: tiles
+        given by the caller, tried alone)."""
+        from triton.runtime.errors import OutOfResources
+
+        tensors, params, out, lse, dout, dlse, sizes, dtype, device = call
+        k = self.ir
+        fit_key = (dtype, sizes[k.head_axis.dim], sizes[k.value_axis.dim], device)
+        tiles = self._fitted.get(fit_key)
+        if not explicit and tiles is not None:
+            schedule = (tiles, tiles, *schedule[2:])
+        while True:
+            try:
+                return self._buffers(
+                    module, tensors, params, out, lse, dout, dlse, sizes, dtype, device, schedule
+                )
+            except OutOfResources as error:
+                if explicit:
+                    raise
+                tried = schedule[0] or module._DQ_CONFIG
+                later = (
+                    SMALLER_TILES[SMALLER_TILES.index(tried) + 1 :]
+                    if tried in SMALLER_TILES
+                    else SMALLER_TILES
+                )
+                if not later:
+                    raise ValueError(
+                        f"attncc {k.name}: the Triton backward does not fit this GPU's shared "
+                        f"memory at head dims {fit_key[1]} / {fit_key[2]} in {dtype} ({error})"
+                    ) from None
+                tiles = self._fitted[fit_key] = later[0]
+                schedule = (tiles, tiles, *schedule[2:])
 
     def _buffers(
         self,

@@ -206,6 +206,43 @@ def test_gradients_are_deterministic() -> None:
         assert torch.equal(first[name], second[name])  # type: ignore[arg-type]
 
 
+def test_a_backward_past_shared_memory_takes_smaller_tiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the Triton backward's default tiles do not fit the GPU's shared memory (float32
+    at head dim 128 and up on an H200: OutOfResources at launch), it runs on the first of
+    the smaller tiles that fits, and the next call of the dtype and head dims starts there."""
+    from triton.runtime.errors import OutOfResources
+
+    kernel = attncc.compile(example_path("alibi"), target="triton", schedule="fused")
+    module = kernel._backward.module(DEVICE == "cpu")  # type: ignore[union-attr]
+    launch = module._backward_launch
+    tried: list[tuple[int, ...]] = []
+
+    def limited(operands: Any, params: Any, sizes: Any, dtype: Any, device: Any, *rest: Any) -> Any:
+        tiles = rest[0] or module._DQ_CONFIG
+        tried.append(tiles)
+        if tiles[0] * tiles[1] * tiles[3] > 32 * 32:  # this "GPU" holds 32 x 32 at one stage
+            raise OutOfResources(262144, 232448, "shared memory")
+        return launch(operands, params, sizes, dtype, device, *rest)
+
+    monkeypatch.setattr(module, "_backward_launch", limited)
+    monkeypatch.setenv("ATTNCC_BACKWARD", "triton")
+    given = inputs("alibi", torch.float32)
+    grad_out = torch.randn(given["q"].shape, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    _, grads = run(kernel, given, grad_out)
+    assert tried == [(64, 64, 4, 2), (64, 64, 4, 1), (32, 32, 4, 1)]
+    spec = example_path("alibi")
+    _, exact = reference_grads(spec, given, grad_out, {})
+    eager = eager_grads(spec, given, grad_out, {}, dtype=torch.float32)
+    terms = gradient_terms(spec, given, {})
+    _assert_within_rule(grads, exact, eager, terms, given, torch.float32, "alibi")
+    run(kernel, given, grad_out)
+    longer = {**given, "q": torch.cat([given["q"], given["q"]], dim=2)}
+    run(kernel, longer, torch.cat([grad_out, grad_out], dim=2))  # a new geometry
+    assert tried[3:] and set(tried[3:]) == {(32, 32, 4, 1)}
+
+
 def test_spec_without_backward_names_why() -> None:
     kernel = compiled("causal", "naive")
     q, k, v = (t.requires_grad_() for t in inputs("causal", torch.float32).values())
