@@ -126,6 +126,22 @@ def test_prefix_sizes(prefix: int, schedule: str) -> None:
     assert_matches(kernel, sizes, {"prefix": prefix}, torch.float32, "permuted", seed=prefix)
 
 
+@pytest.mark.parametrize(
+    ("sizes", "scale", "seed"),
+    [
+        ({"B": 1, "H": 2, "M": 576, "N": 228, "D": 192}, 0.1153734815160333, 375799),
+        ({"B": 2, "H": 1, "M": 1298, "N": 255, "D": 192}, 0.05177776744019034, 388026541),
+    ],
+)
+def test_float32_lse_in_the_thousands(sizes: dict[str, int], scale: float, seed: int) -> None:
+    """ALiBi rows far below the keys put lse at -969 and 3218 (draws of
+    tests/gpu/test_gpu_properties.py): the kernel's lse within the rule in float32, as
+    PyTorch's logsumexp (the sum and change of base at the end were two float32 roundings at
+    that magnitude: 1.01-1.1x the rule's bound)."""
+    kernel = compiled("alibi", "fused")
+    assert_matches(kernel, sizes, {"scale": scale}, torch.float32, "contiguous", seed)
+
+
 def test_prefix_changes_the_result() -> None:
     """The default prefix (64) is really used and a given one really overrides it."""
     kernel = compiled("prefix_lm", "fused")
