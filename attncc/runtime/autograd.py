@@ -32,6 +32,12 @@ __all__ = ["Backward", "last_backend", "prepare"]
 # memory: float32 at head dim 128 asks 256 KiB at the default, 512 at head dims 192 and 256
 # (H200: 227 KiB; triton.runtime.errors.OutOfResources)
 SMALLER_TILES = ((64, 64, 4, 1), (32, 32, 4, 1), (16, 16, 4, 1))
+# float32's first tiles by padded head dim, from what Triton 3.6 allocates for sm_90
+# (compiled for GPUTarget("cuda", 90, 32) without a GPU): 64 x 64 at two stages takes 128 /
+# 256 / 512 KiB at head dims 64 / 128 / 256, at one stage 96 / 192 / 384, 32 x 32 at one
+# stage 44 / 82 / 162; 16-bit inputs take at most 128 at the default. A GPU with less
+# shared memory still walks SMALLER_TILES from there.
+FLOAT32_FIRST_TILES = {128: SMALLER_TILES[0], 256: SMALLER_TILES[1]}
 
 # the backend the last backward of this process took ("cuda" or "triton: WHY"), kept here
 # rather than on a Backward: a kernel's torch op may be another Kernel's of the same spec
@@ -343,15 +349,19 @@ class Backward:
         explicit: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], Any]:
         """``_buffers`` of ``call`` (its arguments before the schedule) on the tiles that fit
-        the GPU's shared memory: the module's default, else the first of SMALLER_TILES that
-        fits, remembered for the call's dtype, head dims and device (``explicit``: tiles
-        given by the caller, tried alone)."""
+        the GPU's shared memory: the module's default (float32 at head dims past 64:
+        FLOAT32_FIRST_TILES), else the first of SMALLER_TILES after them that fits,
+        remembered for the call's dtype, head dims and device (``explicit``: tiles given by
+        the caller, tried alone)."""
         from triton.runtime.errors import OutOfResources
 
         tensors, params, out, lse, dout, dlse, sizes, dtype, device = call
         k = self.ir
         fit_key = (dtype, sizes[k.head_axis.dim], sizes[k.value_axis.dim], device)
         tiles = self._fitted.get(fit_key)
+        if tiles is None and dtype == torch.float32:
+            padded = 1 << (max(fit_key[1], fit_key[2], 16) - 1).bit_length()
+            tiles = FLOAT32_FIRST_TILES.get(padded)
         if not explicit and tiles is not None:
             schedule = (tiles, tiles, *schedule[2:])
         while True:

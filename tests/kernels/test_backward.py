@@ -243,6 +243,38 @@ def test_a_backward_past_shared_memory_takes_smaller_tiles(
     assert tried[3:] and set(tried[3:]) == {(32, 32, 4, 1)}
 
 
+@pytest.mark.parametrize(
+    ("head_dim", "first"), [(64, (64, 64, 4, 2)), (96, (64, 64, 4, 1)), (200, (32, 32, 4, 1))]
+)
+def test_float32_backward_starts_on_tiles_that_fit(
+    head_dim: int, first: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """float32 past head dim 64 starts on the tiles Triton fits in an H100's or H200's shared
+    memory (autograd.FLOAT32_FIRST_TILES), compiling none that cannot load; 64 keeps the
+    default."""
+    kernel = attncc.compile(example_path("causal"), target="triton", schedule="fused")
+    module = kernel._backward.module(DEVICE == "cpu")  # type: ignore[union-attr]
+    launch = module._backward_launch
+    tried: list[tuple[int, ...]] = []
+
+    def noted(operands: Any, params: Any, sizes: Any, dtype: Any, device: Any, *rest: Any) -> Any:
+        tried.append(rest[0] or module._DQ_CONFIG)
+        return launch(operands, params, sizes, dtype, device, *rest)
+
+    monkeypatch.setattr(module, "_backward_launch", noted)
+    monkeypatch.setenv("ATTNCC_BACKWARD", "triton")
+    gen = torch.Generator().manual_seed(head_dim)
+    given = {n: torch.randn(1, 2, 20, head_dim, generator=gen).to(DEVICE) for n in "qkv"}
+    grad_out = torch.randn(1, 2, 20, head_dim, generator=gen).to(DEVICE)
+    _, grads = run(kernel, given, grad_out)
+    assert tried == [first]
+    spec = example_path("causal")
+    _, exact = reference_grads(spec, given, grad_out, {})
+    eager = eager_grads(spec, given, grad_out, {}, dtype=torch.float32)
+    terms = gradient_terms(spec, given, {})
+    _assert_within_rule(grads, exact, eager, terms, given, torch.float32, "causal")
+
+
 def test_spec_without_backward_names_why() -> None:
     kernel = compiled("causal", "naive")
     q, k, v = (t.requires_grad_() for t in inputs("causal", torch.float32).values())
