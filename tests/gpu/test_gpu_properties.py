@@ -5,11 +5,12 @@ targets (the forward against the float64 reference by the tolerance rule) and fo
 example with a backward on both backward backends (every gradient against float64
 autograd by flash-attn's rule).
 
-In the GPU suite the draws are fixed (derandomized, two a test): every run checks the same
-cases. ``ATTNCC_GPU_FUZZ=N`` makes it a fuzz run (benchmarks/gpu_suite.sh fuzz): N fresh
-draws a test, a failure reported at once (no shrinking, which would recompile for every
-smaller case) and, with ``ATTNCC_GPU_FUZZ_LOG=FILE``, written to FILE as it fails (a run cut
-short keeps it). Without a GPU every test here is skipped.
+By default the draws are fixed (derandomized, two a test): every run checks the same cases
+(``FUZZ_DRAWS=0 bash benchmarks/gpu_suite.sh fuzz``). ``ATTNCC_GPU_FUZZ=N`` makes it a fuzz
+run (the suite's ``fuzz`` step, 5 by default): N fresh draws a test, a failure reported at
+once (no shrinking, which would recompile for every smaller case) and, with
+``ATTNCC_GPU_FUZZ_LOG=FILE``, written to FILE as it fails (a run cut short keeps it).
+Without a GPU every test here is skipped.
 """
 
 from __future__ import annotations
