@@ -220,12 +220,11 @@ class Backward:
             else:
                 # the Triton module (Triton's import and JIT objects) loaded where Triton's
                 # backward runs alone: the sm_90a backward needs none of it
-                explicit = config.get("dq_config") or config.get("dkdv_config")
                 dq, dk, dv, buffers, launch = self._fitting_buffers(
                     self.module(on_cpu),
                     (tensors, params, out, lse, dout, flat_dlse, sizes, dtype, device),
                     schedule,
-                    explicit is not None,
+                    explicit=schedule[0] is not None or schedule[1] is not None,
                 )
                 sides = list(zip(self.sides, buffers, strict=True))
         grads: dict[str, torch.Tensor] = {}
