@@ -142,6 +142,24 @@ def test_float32_lse_in_the_thousands(sizes: dict[str, int], scale: float, seed:
     assert_matches(kernel, sizes, {"scale": scale}, torch.float32, "contiguous", seed)
 
 
+@pytest.mark.parametrize(
+    ("name", "sizes", "params"),
+    [
+        ("decode_window", {"B": 1, "H": 2, "KVH": 1, "N": 1, "D": 16}, {"window": 1}),
+        ("softcap", {"B": 2, "H": 2, "M": 1, "N": 1, "D": 16}, {}),
+    ],
+)
+def test_fixed_reference_rows_of_one_key(
+    name: str, sizes: dict[str, int], params: dict[str, int]
+) -> None:
+    """Every row sees one key, so the exact output is that key's value and PyTorch's bfloat16
+    softmax gets it exactly (a draw of the property tests). Under the fixed softmax reference
+    (soft-capped scores) the weight is not 1: the output divides by the sum of the weights as
+    P V rounds them, the lse takes the unrounded sum."""
+    kernel = compiled(name, "fused")
+    assert_matches(kernel, sizes, params, torch.bfloat16, "contiguous", seed=0)
+
+
 def test_prefix_changes_the_result() -> None:
     """The default prefix (64) is really used and a given one really overrides it."""
     kernel = compiled("prefix_lm", "fused")
