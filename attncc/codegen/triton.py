@@ -762,6 +762,7 @@ class _Context:
             "uses_tanh": "tanh" in plan.functions_used(k),
             "tanh_approx": self.tanh_approx(),
             "uses_pow": "pow" in plan.functions_used(k),
+            "row_lse": True,  # the forward stores log-sum-exps
             "fast_division": bool(plan.divisor_dims(k)),
             # whether a program pairs its query tiles changes with the call's size: a
             # runtime value, so calls on both sides of the rule share one compiled kernel
