@@ -107,6 +107,18 @@ def check(
         _, grads = run(kernel, given, grad_out, **params)
     else:
         grads = run_configured(kernel, given, grad_out, config, params)  # type: ignore[assignment]
+    assert_matches_reference(name, dtype, given, grad_out, grads, params)
+
+
+def assert_matches_reference(
+    name: str,
+    dtype: torch.dtype,
+    given: dict[str, torch.Tensor],
+    grad_out: torch.Tensor,
+    grads: dict[str, Any],
+    params: dict[str, int],
+) -> None:
+    """``grads`` of example ``name`` within flash-attn's rule of its float64 gradients."""
     spec = example_path(name)
     _, exact = reference_grads(spec, given, grad_out, params)
     eager = eager_grads(spec, given, grad_out, params, dtype=dtype)
@@ -206,37 +218,44 @@ def test_gradients_are_deterministic() -> None:
         assert torch.equal(first[name], second[name])  # type: ignore[arg-type]
 
 
+def noted_launches(
+    monkeypatch: pytest.MonkeyPatch, kernel: attncc.Kernel, most: int | None = None
+) -> list[tuple[int, ...]]:
+    """The tiles of each Triton backward launch of ``kernel`` from now on, in order; with
+    ``most``, tiles of more than ``most`` (block_m * block_n * stages) raise Triton's
+    OutOfResources, as where a GPU's shared memory does not hold them. Asks for Triton's
+    backward."""
+    from triton.runtime.errors import OutOfResources
+
+    module = kernel._backward.module(DEVICE == "cpu")  # type: ignore[union-attr]
+    launch = module._backward_launch
+    tried: list[tuple[int, ...]] = []
+
+    def noted(operands: Any, params: Any, sizes: Any, dtype: Any, device: Any, *rest: Any) -> Any:
+        tiles = rest[0] or module._DQ_CONFIG
+        tried.append(tiles)
+        if most is not None and tiles[0] * tiles[1] * tiles[3] > most:
+            raise OutOfResources(262144, 232448, "shared memory")
+        return launch(operands, params, sizes, dtype, device, *rest)
+
+    monkeypatch.setattr(module, "_backward_launch", noted)
+    monkeypatch.setenv("ATTNCC_BACKWARD", "triton")
+    return tried
+
+
 def test_a_backward_past_shared_memory_takes_smaller_tiles(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Where the Triton backward's default tiles do not fit the GPU's shared memory (float32
     at head dim 128 and up on an H200: OutOfResources at launch), it runs on the first of
     the smaller tiles that fits, and the next call of the dtype and head dims starts there."""
-    from triton.runtime.errors import OutOfResources
-
     kernel = attncc.compile(example_path("alibi"), target="triton", schedule="fused")
-    module = kernel._backward.module(DEVICE == "cpu")  # type: ignore[union-attr]
-    launch = module._backward_launch
-    tried: list[tuple[int, ...]] = []
-
-    def limited(operands: Any, params: Any, sizes: Any, dtype: Any, device: Any, *rest: Any) -> Any:
-        tiles = rest[0] or module._DQ_CONFIG
-        tried.append(tiles)
-        if tiles[0] * tiles[1] * tiles[3] > 32 * 32:  # this "GPU" holds 32 x 32 at one stage
-            raise OutOfResources(262144, 232448, "shared memory")
-        return launch(operands, params, sizes, dtype, device, *rest)
-
-    monkeypatch.setattr(module, "_backward_launch", limited)
-    monkeypatch.setenv("ATTNCC_BACKWARD", "triton")
+    tried = noted_launches(monkeypatch, kernel, most=32 * 32)  # 32 x 32 at one stage at most
     given = inputs("alibi", torch.float32)
     grad_out = torch.randn(given["q"].shape, generator=torch.Generator().manual_seed(7)).to(DEVICE)
     _, grads = run(kernel, given, grad_out)
     assert tried == [(64, 64, 4, 2), (64, 64, 4, 1), (32, 32, 4, 1)]
-    spec = example_path("alibi")
-    _, exact = reference_grads(spec, given, grad_out, {})
-    eager = eager_grads(spec, given, grad_out, {}, dtype=torch.float32)
-    terms = gradient_terms(spec, given, {})
-    _assert_within_rule(grads, exact, eager, terms, given, torch.float32, "alibi")
+    assert_matches_reference("alibi", torch.float32, given, grad_out, grads, {})
     run(kernel, given, grad_out)
     longer = {**given, "q": torch.cat([given["q"], given["q"]], dim=2)}
     run(kernel, longer, torch.cat([grad_out, grad_out], dim=2))  # a new geometry
@@ -253,26 +272,13 @@ def test_float32_backward_starts_on_tiles_that_fit(
     memory (autograd.FLOAT32_FIRST_TILES), compiling none that cannot load; 64 keeps the
     default."""
     kernel = attncc.compile(example_path("causal"), target="triton", schedule="fused")
-    module = kernel._backward.module(DEVICE == "cpu")  # type: ignore[union-attr]
-    launch = module._backward_launch
-    tried: list[tuple[int, ...]] = []
-
-    def noted(operands: Any, params: Any, sizes: Any, dtype: Any, device: Any, *rest: Any) -> Any:
-        tried.append(rest[0] or module._DQ_CONFIG)
-        return launch(operands, params, sizes, dtype, device, *rest)
-
-    monkeypatch.setattr(module, "_backward_launch", noted)
-    monkeypatch.setenv("ATTNCC_BACKWARD", "triton")
+    tried = noted_launches(monkeypatch, kernel)
     gen = torch.Generator().manual_seed(head_dim)
     given = {n: torch.randn(1, 2, 20, head_dim, generator=gen).to(DEVICE) for n in "qkv"}
     grad_out = torch.randn(1, 2, 20, head_dim, generator=gen).to(DEVICE)
     _, grads = run(kernel, given, grad_out)
     assert tried == [first]
-    spec = example_path("causal")
-    _, exact = reference_grads(spec, given, grad_out, {})
-    eager = eager_grads(spec, given, grad_out, {}, dtype=torch.float32)
-    terms = gradient_terms(spec, given, {})
-    _assert_within_rule(grads, exact, eager, terms, given, torch.float32, "causal")
+    assert_matches_reference("causal", torch.float32, given, grad_out, grads, {})
 
 
 def test_spec_without_backward_names_why() -> None:
