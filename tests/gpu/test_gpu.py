@@ -231,6 +231,51 @@ def test_softcap_rows_far_below_the_cap_on_gpu(
         assert any(dict(defines(*a)).get("ATTNCC_FIXED_REFERENCE") == 1 for a in asked)
 
 
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("target", ["triton", "cuda"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_softcap_rows_of_one_key_on_gpu(
+    head_dim: int, target: str, return_lse: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the fixed softmax reference no weight is exactly 1: with one visible key a row
+    (causal, every query before the second key) gets that key's value back only if the
+    output divides by the weight as P V rounds it (the sm_90a kernel's sums of the packed
+    weights, or its row sums by MMA at head dim 64 without the lse); the lse takes the
+    unrounded sum. Both within the rule, with the lse returned and without."""
+    from kernels._support import numpy64
+
+    from attncc.tolerance import compare
+
+    if target == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a kernel needs an H100/H200")
+    kernel = attncc.compile(EXAMPLE_DIR / "softcap.attn", target=target)
+    asked: list[tuple[Any, ...]] = []
+    if target == "cuda":
+        module = kernel.module(interpreted=False)
+        defines = module._defines
+        monkeypatch.setattr(module, "_defines", lambda *a: asked.append(a) or defines(*a))
+    gen = torch.Generator().manual_seed(head_dim)
+    q = torch.randn(2, 4, 300, head_dim, generator=gen)
+    k, v = (torch.randn(2, 4, 1, head_dim, generator=gen) for _ in range(2))
+    v = v * 4.0  # values near 4: a weight's rounding (2^-9 of it) passes the rule's floor
+    inputs = {n: t.to("cuda", torch.bfloat16) for n, t in {"q": q, "k": k, "v": v}.items()}
+    assert kernel.backend_for(**inputs) == target
+    got = kernel(**inputs, return_lse=return_lse)
+    out, lse = got if return_lse else (got, None)
+    host = {n: t.cpu() for n, t in inputs.items()}
+    exact_out, exact_lse = reference(kernel.spec)(**host, return_lse=True)
+    naive_out, naive_lse = reference(kernel.spec, rounding="bfloat16")(**host, return_lse=True)
+    verdict = compare(numpy64(out), exact_out, naive_out, "bfloat16")
+    assert verdict.ok, verdict
+    if lse is not None:
+        lse_verdict = compare(numpy64(lse), exact_lse, naive_lse, "float32")
+        assert lse_verdict.ok, lse_verdict
+    if target == "cuda":
+        taken = [dict(defines(*a)) for a in asked]
+        fixed = [d for d in taken if "ATTNCC_FIXED_REFERENCE" in d]
+        assert fixed and all(d["ATTNCC_LSE_SUMS"] == int(return_lse) for d in fixed), fixed
+
+
 def _assert_replays_from_c(kernel: Any, args: Any) -> None:
     """A call with these inputs finds its replay in the kernel's table, and it launches."""
     from attncc.runtime import kernel as kernel_module
