@@ -240,6 +240,7 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
         "tanh_approx": None,
         "uses_pow": "pow" in plan.functions_used(k),  # derivatives of pow call pow too
         "row_lse": False,  # the backward reads the forward's
+        "weights_as": False,  # nor takes a fixed softmax reference
         # the forward's tile index, built with the backward's tiles: dead pairs skipped,
         # and where every mask is separable, its full pairs run without masks
         "tile_index": ctx.tile_index(),

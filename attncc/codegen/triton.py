@@ -763,6 +763,7 @@ class _Context:
             "tanh_approx": self.tanh_approx(),
             "uses_pow": "pow" in plan.functions_used(k),
             "row_lse": True,  # the forward stores log-sum-exps
+            "weights_as": reference is not None and tiled,  # the fixed reference's row sums
             "fast_division": bool(plan.divisor_dims(k)),
             # whether a program pairs its query tiles changes with the call's size: a
             # runtime value, so calls on both sides of the rule share one compiled kernel
