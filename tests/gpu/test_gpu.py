@@ -196,6 +196,24 @@ def test_fp8_quantize_kernel_matches_torch_on_gpu(dtype: torch.dtype, d: int) ->
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
 
 
+def _softcap_recording_defines(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, list[dict[str, Any]]]:
+    """The soft-capping example compiled for ``target`` (the CUDA target skipped off an sm_90
+    GPU), and the list the CUDA host's compiled variants (its _defines) are recorded into."""
+    if target == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a kernel needs an H100/H200")
+    kernel = attncc.compile(EXAMPLE_DIR / "softcap.attn", target=target)
+    asked: list[dict[str, Any]] = []
+    if target == "cuda":
+        module = kernel.module(interpreted=False)
+        defines = module._defines
+        monkeypatch.setattr(
+            module, "_defines", lambda *a: asked.append(dict(defines(*a))) or defines(*a)
+        )
+    return kernel, asked
+
+
 @pytest.mark.parametrize("cap", [30.0, 56.8])
 @pytest.mark.parametrize("target", ["triton", "cuda"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -209,14 +227,7 @@ def test_softcap_rows_far_below_the_cap_on_gpu(
     still match the float64 reference (tanh.approx.f32)."""
     from kernels._support import evaluate
 
-    if target == "cuda" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm_90a kernel needs an H100/H200")
-    kernel = attncc.compile(EXAMPLE_DIR / "softcap.attn", target=target)
-    asked: list[tuple[Any, ...]] = []
-    if target == "cuda":
-        module = kernel.module(interpreted=False)
-        defines = module._defines
-        monkeypatch.setattr(module, "_defines", lambda *a: asked.append(a) or defines(*a))
+    kernel, asked = _softcap_recording_defines(target, monkeypatch)
     gen = torch.Generator().manual_seed(head_dim)
     q = torch.randn(2, 4, 300, head_dim, generator=gen)
     k, v = (torch.randn(2, 4, 300, head_dim, generator=gen) for _ in range(2))
@@ -228,7 +239,7 @@ def test_softcap_rows_far_below_the_cap_on_gpu(
     assert lse_verdict.ok, lse_verdict
     assert (lse[:, 1] < -20.0).all()
     if target == "cuda":
-        assert any(dict(defines(*a)).get("ATTNCC_FIXED_REFERENCE") == 1 for a in asked)
+        assert any(d.get("ATTNCC_FIXED_REFERENCE") == 1 for d in asked)
 
 
 @pytest.mark.parametrize("return_lse", [False, True])
@@ -246,14 +257,7 @@ def test_softcap_rows_of_one_key_on_gpu(
 
     from attncc.tolerance import compare
 
-    if target == "cuda" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm_90a kernel needs an H100/H200")
-    kernel = attncc.compile(EXAMPLE_DIR / "softcap.attn", target=target)
-    asked: list[tuple[Any, ...]] = []
-    if target == "cuda":
-        module = kernel.module(interpreted=False)
-        defines = module._defines
-        monkeypatch.setattr(module, "_defines", lambda *a: asked.append(a) or defines(*a))
+    kernel, asked = _softcap_recording_defines(target, monkeypatch)
     gen = torch.Generator().manual_seed(head_dim)
     q = torch.randn(2, 4, 300, head_dim, generator=gen)
     k, v = (torch.randn(2, 4, 1, head_dim, generator=gen) for _ in range(2))
@@ -271,8 +275,7 @@ def test_softcap_rows_of_one_key_on_gpu(
         lse_verdict = compare(numpy64(lse), exact_lse, naive_lse, "float32")
         assert lse_verdict.ok, lse_verdict
     if target == "cuda":
-        taken = [dict(defines(*a)) for a in asked]
-        fixed = [d for d in taken if "ATTNCC_FIXED_REFERENCE" in d]
+        fixed = [d for d in asked if "ATTNCC_FIXED_REFERENCE" in d]
         assert fixed and all(d["ATTNCC_LSE_SUMS"] == int(return_lse) for d in fixed), fixed
 
 
