@@ -118,9 +118,12 @@ def attention(
     scale = evaluate(kernel.score_scale, {}, sizes, params, tensors, None, wide)
     scores = scores * scale
     frame = grid([*batch, row_name, key], {"_row": 1} if query is None else {})
+    # a modification that does not read the score (s = 0.5, s = bias[b, n]) keeps the shape
+    # of its own indices: the scores stay a whole [batch..., rows, keys] tensor
+    shape = scores.shape
     for mod in kernel.score_mods:
         scores = evaluate(mod, frame, sizes, params, tensors, scores, wide)
-        scores = torch.as_tensor(scores)
+        scores = torch.broadcast_to(torch.as_tensor(scores, device=device), shape)
     visible: Any = True
     for mask in kernel.masks:
         visible = visible & torch.as_tensor(

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from attncc.codegen import exprs as cx
 from attncc.codegen import plan
-from attncc.codegen.triton import LOG2E, _Context, environment
+from attncc.codegen.triton import LOG2E, _Context, environment, score_tile
 from attncc.ir import nodes as ir
 from attncc.ir.derivative import NoDerivative, derivative, score_chain
 from attncc.ir.printer import expr_str
@@ -164,7 +164,8 @@ def render(kernel: ir.AttentionKernel, spec: ast.Spec | str = "") -> RenderedBac
     if k.score_mods:
         score_lines = ["s_0 = qk * qk_scale"]
         for i, mod in enumerate(k.score_mods):
-            score_lines.append(f"s_{i + 1} = {cx.triton_expr(mod, replace(env, score=f's_{i}'))}")
+            text = cx.triton_expr(mod, replace(env, score=f"s_{i}"))
+            score_lines.append(f"s_{i + 1} = {score_tile(mod, text)}")
         score_lines.append(f"s2 = s_{len(k.score_mods)} * {LOG2E!r}")
     else:
         # log2(e) folds into the scale: one multiply per score, as in the forward

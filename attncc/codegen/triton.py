@@ -39,6 +39,16 @@ def _and(parts: list[str]) -> str | None:
     return " & ".join(f"({p})" for p in parts)
 
 
+def score_tile(mod: ir.Expr, text: str) -> str:
+    """``text``, a rendering of score modification ``mod`` (or of a part of it), as a whole
+    tile of scores: a modification that does not read the score (``s = 0.5``, ``s =
+    bias[m]``) renders to a scalar or a row, which the softmax's row reductions and P V
+    cannot take (the tile is qk's)."""
+    if any(isinstance(e, ir.Score) for e in subexprs(mod)):
+        return text
+    return f"tl.full(qk.shape, 0.0, tl.float32) + ({text})"
+
+
 def _value_range(values: str, expr: str, exact: bool, axis: int, lo: str, hi: str) -> list[str]:
     """Lines giving ``lo``/``hi``, the min and max of ``expr`` along ``axis`` (no padding:
     callers clamp padded rows and keys onto real ones, which leaves min and max unchanged).
@@ -511,13 +521,14 @@ class _Context:
             # log2(e) folds into the scale: one multiply per score
             return [f"qk_scale = ({scale}) * {LOG2E!r}"], [f"s2 = qk * {tile_scale}"]
         lines = [f"s = qk * {tile_scale}"]
-        lines += [f"s = {cx.triton_expr(mod, env)}" for mod in mods[:-1]]
+        lines += [f"s = {score_tile(mod, cx.triton_expr(mod, env))}" for mod in mods[:-1]]
         outer = plan.outer_factors(mods[-1])
         if outer is None:
-            lines += [f"s = {cx.triton_expr(mods[-1], env)}", f"s2 = s * {LOG2E!r}"]
+            last = score_tile(mods[-1], cx.triton_expr(mods[-1], env))
+            lines += [f"s = {last}", f"s2 = s * {LOG2E!r}"]
             return [f"qk_scale = {scale}"], lines
         factors_out, rest = (" * ".join(f"({cx.triton_expr(e, env)})" for e in p) for p in outer)
-        lines.append(f"s2 = {rest} * score_out")
+        lines.append(f"s2 = {score_tile(mods[-1], rest)} * score_out")
         return [f"qk_scale = {scale}", f"score_out = {factors_out} * {LOG2E!r}"], lines
 
     def kernel_params(self) -> tuple[list[str], list[str]]:

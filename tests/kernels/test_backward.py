@@ -524,6 +524,39 @@ def test_side_input_gradient_is_reduced_over_the_indices_it_does_not_carry(
     _assert_within_rule(grads, exact, eager, terms, given, dtype, pattern)
 
 
+WITHOUT_QK_SPEC = """attention ignored
+dims B, H, M, N, D
+in q[B, H, M, D]
+in k[B, H, N, D]
+in v[B, H, N, D]
+in side[B, N]
+s[b, h, m, n] = q[b, h, m, d] * k[b, h, n, d]
+s = {term}
+p = softmax(s, n)
+o[b, h, m, d] = p[b, h, m, n] * v[b, h, n, d]
+out o
+"""
+
+
+@pytest.mark.parametrize("term", ["0.5 + side[0, 0] * 0.0", "2.0 * side[b, n]"])
+def test_gradients_of_scores_that_do_not_read_qk(term: str) -> None:
+    """Scores that drop Q K^T (a constant, a key's value): q and k get zero gradients, v and
+    the side input theirs; the backward recomputes them as a whole tile (as a scalar its
+    reductions failed)."""
+    text = WITHOUT_QK_SPEC.format(term=term)
+    kernel = attncc.compile(text, schedule="fused")
+    gen = torch.Generator().manual_seed(3)
+    given = {n: torch.randn(2, 2, 70, 16, generator=gen).to(DEVICE) for n in ("q", "k", "v")}
+    given["side"] = torch.randn(2, 70, generator=gen).to(DEVICE)
+    grad_out = torch.randn(2, 2, 70, 16, generator=gen).to(DEVICE)
+    _, grads = run(kernel, given, grad_out)
+    _, exact = reference_grads(text, given, grad_out)
+    eager = eager_grads(text, given, grad_out, dtype=torch.float32)
+    terms = gradient_terms(text, given)
+    assert torch.all(grads["q"] == 0) and torch.all(grads["k"] == 0)
+    _assert_within_rule(grads, exact, eager, terms, given, torch.float32, term)
+
+
 def test_relative_table_gradient_is_deterministic() -> None:
     text, given = _side_case("relative_table", torch.float32)
     kernel = attncc.compile(text, schedule="fused")

@@ -13,6 +13,8 @@ lengths up to 16 to split-KV at run time). An explicit split-KV kernel takes at 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -158,6 +160,33 @@ def test_fixed_reference_rows_of_one_key(
     P V rounds them, the lse takes the unrounded sum."""
     kernel = compiled(name, "fused")
     assert_matches(kernel, sizes, params, torch.bfloat16, "contiguous", seed=0)
+
+
+# score modifications that do not read the score: the tile a constant, a row's or a key's value
+SCORES_WITHOUT_QK = {
+    "constant": ("", "s = 0.5"),
+    "row": ("in rb[B, H, M]\n", "s = rb[b, h, m]"),
+    "key": ("in kb[B, H, N]\n", "s = 2.0 * kb[b, h, n]"),
+}
+
+
+@pytest.mark.parametrize("schedule", ALL_SCHEDULES)
+@pytest.mark.parametrize("scores", sorted(SCORES_WITHOUT_QK))
+def test_scores_that_do_not_read_qk(scores: str, schedule: str, tmp_path: Path) -> None:
+    """``s = 0.5`` after the product drops Q K^T (a draw of tests/spec/test_grammar_fuzz.py):
+    the Triton kernels take such a score as a whole tile, not the scalar, row or key vector
+    it is as an expression (their row reductions and P V failed on those)."""
+    side, mod = SCORES_WITHOUT_QK[scores]
+    path = tmp_path / "ignored.attn"
+    path.write_text(
+        "attention ignored\ndims B, H, M, N, D\nin q[B, H, M, D]\nin k[B, H, N, D]\n"
+        f"in v[B, H, N, D]\n{side}s[b, h, m, n] = q[b, h, m, d] * k[b, h, n, d]\n{mod}\n"
+        "p = softmax(s, n)\no[b, h, m, d] = p[b, h, m, n] * v[b, h, n, d]\nout o\n"
+    )
+    chosen = None if schedule == "default" else schedule
+    kernel = attncc.compile(path, target="triton", schedule=chosen)  # type: ignore[arg-type]
+    sizes = {"B": 2, "H": 2, "M": 70, "N": 150, "D": 16}  # a key tile past the first
+    assert_matches(kernel, sizes, {}, torch.bfloat16, "contiguous", seed=len(scores))
 
 
 def test_prefix_changes_the_result() -> None:
