@@ -144,6 +144,16 @@ def test_float32_lse_in_the_thousands(sizes: dict[str, int], scale: float, seed:
     assert_matches(kernel, sizes, {"scale": scale}, torch.float32, "contiguous", seed)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_float32_at_large_scores(layout: str) -> None:
+    """float32 at scale 7.42 and head dim 128 (a draw of ``attncc check`` of a spec with a
+    scale param): the kernel misses float64 as eager PyTorch does (its products accumulate in
+    float32, attncc.reference._contraction_type), within the rule."""
+    kernel = compiled("fused", "fused")
+    sizes = {"B": 1, "H": 6, "M": 63, "N": 79, "D": 128}
+    assert_matches(kernel, sizes, {"scale": 7.42}, torch.float32, layout, seed=0)
+
+
 @pytest.mark.parametrize(
     ("name", "sizes", "params"),
     [

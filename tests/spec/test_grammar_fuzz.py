@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from spec_strategies import CPP_KEYWORDS, ROLES, GeneratedSpec, specs
 
 from attncc.api import build
-from attncc.checking import Case, draw_sizes, run_case
+from attncc.checking import Case, draw_params, draw_sizes, run_case
 from attncc.spec import SpecError, load
 from attncc.spec.check import CheckedSpec
 
@@ -204,9 +204,12 @@ def test_generated_kernels_match_the_reference(generated: GeneratedSpec) -> None
         raise
     rng = np.random.default_rng(0)
     sizes = draw_sizes(kernel.ir, rng, max_len=24, head_dims=(16,))
+    # params without a default are drawn, as attncc check draws them
+    required = [p.name for p in kernel.ir.params if p.default is None]
+    params = draw_params(kernel.ir, sizes, {}, rng, required) if required else {}
     kernel.poison_outputs(True)
     try:
-        result = run_case(kernel, Case(sizes, torch.float32, "contiguous"), "cpu", rng)
+        result = run_case(kernel, Case(sizes, torch.float32, "contiguous", params), "cpu", rng)
     finally:
         kernel.poison_outputs(False)
     assert result.ok, (sizes, result)
