@@ -200,7 +200,9 @@ def triton_expr(expr: ir.Expr, env: TritonEnv) -> str:
         case ir.Unary(op="neg", operand=x):
             return f"(-{triton_expr(x, env)})"
         case ir.Unary(op="not", operand=x):
-            return f"(~({triton_expr(x, env)}))"
+            # not ~x: a comparison of constants is a Python bool when the kernel is traced,
+            # and ~True is -2, which tl.where takes as true (`mask not (0 == 0)` masked nothing)
+            return f"(({triton_expr(x, env)}) == 0)"
         case ir.BinOp(op=op, left=a, right=b):
             left, right = triton_expr(a, env), triton_expr(b, env)
             if op == "and":

@@ -144,6 +144,24 @@ def test_float32_lse_in_the_thousands(sizes: dict[str, int], scale: float, seed:
     assert_matches(kernel, sizes, {"scale": scale}, torch.float32, "contiguous", seed)
 
 
+@pytest.mark.parametrize("schedule", ALL_SCHEDULES)
+@pytest.mark.parametrize("mask", ["not (0 == 0)", "not (0 == 1)", "not (m < n)"])
+def test_negated_masks(mask: str, schedule: str, tmp_path: Path) -> None:
+    """``not`` of a comparison of constants (a draw of tests/spec/test_grammar_fuzz.py) is a
+    Python bool where the Triton kernel is traced: rendered as ``~``, ``not (0 == 0)`` was
+    ~True = -2, which tl.where took as true, so it masked nothing."""
+    path = tmp_path / "negated.attn"
+    path.write_text(
+        "attention negated\ndims B, H, M, N, D\nin q[B, H, M, D]\nin k[B, H, N, D]\n"
+        "in v[B, H, N, D]\ns[b, h, m, n] = q[b, h, m, d] * k[b, h, n, d]\n"
+        f"mask {mask}\np = softmax(s, n)\no[b, h, m, d] = p[b, h, m, n] * v[b, h, n, d]\nout o\n"
+    )
+    chosen = None if schedule == "default" else schedule
+    kernel = attncc.compile(path, target="triton", schedule=chosen)  # type: ignore[arg-type]
+    sizes = {"B": 2, "H": 2, "M": 40, "N": 150, "D": 16}
+    assert_matches(kernel, sizes, {}, torch.float16, "contiguous", seed=3)
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
 def test_float32_at_large_scores(layout: str) -> None:
     """float32 at scale 7.42 and head dim 128 (a draw of ``attncc check`` of a spec with a
