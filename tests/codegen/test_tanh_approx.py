@@ -117,19 +117,19 @@ def test_triton_forward_picks_tanh_by_the_output_dtype_and_backward_stays_exact(
     # the cap joins the scale and log2(e) (plan.scaled_score_mods, outer_factors)
     assert "qk_scale = (p_scale / p_cap)" in source
     assert "s2 = (_tanh_as(s, t_o.dtype.element_ty)) * score_out" in source
-    assert "if _TANH_APPROX and (float_type == tl.bfloat16):" in source
+    assert "if _INLINE_PTX and (float_type == tl.bfloat16):" in source
     assert '"tanh.approx.f32 $0, $1;"' in source
-    assert "_TANH_APPROX = tl.constexpr(not _INTERPRETED)" in source
+    assert "_INLINE_PTX = tl.constexpr(not _INTERPRETED)" in source
     backward = backward_codegen.render(kernel.ir).source
     assert "_tanh(" in backward and "_tanh_as" not in backward and "tanh.approx" not in backward
     # a spec without tanh gets neither helper
     plain = attncc.compile(ROOT / "examples" / "causal.attn", target="triton").path.read_text()
-    assert "_tanh" not in plain and "_TANH_APPROX" not in plain
+    assert "_tanh" not in plain and "_INLINE_PTX" not in plain
 
 
 def test_interpreted_module_keeps_the_exact_tanh() -> None:
     kernel = attncc.compile(SPECS[0], target="triton")
-    assert not bool(kernel.module(interpreted=True)._TANH_APPROX)
+    assert not bool(kernel.module(interpreted=True)._INLINE_PTX)
 
 
 def _triton_ptx(dtype: str) -> str:
